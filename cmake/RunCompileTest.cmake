@@ -1,0 +1,25 @@
+# Compile-fail harness (after {fmt}'s): compiles SOURCE with -fsyntax-only.
+#   MODE=fail: -DMPX_FAIL must fail to compile and print the `// EXPECT:` text of the source.
+#   MODE=pass: the valid twin must compile.
+# Variables: CXX, SOURCE, MODE, FLAGS (;-list).
+file(STRINGS "${SOURCE}" expect_line REGEX "^// EXPECT: ")
+string(REGEX REPLACE "^// EXPECT: " "" expect "${expect_line}")
+set(args ${FLAGS} -fsyntax-only "${SOURCE}")
+if(MODE STREQUAL "fail")
+  list(APPEND args -DMPX_FAIL)
+endif()
+execute_process(COMMAND ${CXX} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+if(MODE STREQUAL "fail")
+  if(rc EQUAL 0)
+    message(FATAL_ERROR "No compile error for ${SOURCE} (expected: ${expect})")
+  endif()
+  string(FIND "${err}" "${expect}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "${SOURCE} failed to compile, but not with the expected message\n  expected: ${expect}\n  got:\n${err}")
+  endif()
+  message(STATUS "failed as expected: ${expect}")
+else()
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "The valid twin ${SOURCE} does not compile:\n${err}")
+  endif()
+endif()

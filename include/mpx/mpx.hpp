@@ -1,0 +1,8 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file mpx.hpp
+/// Everything: the compile-time layer (core.hpp) and the LibTorch glue (mpx/torch/).
+
+#include <mpx/core.hpp>         // the compile-time layer
+#include <mpx/torch/blas.hpp>   // mpx::check_blas
+#include <mpx/torch/tensor.hpp> // at::Tensor as mpx::TensorLike

@@ -1,0 +1,378 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file pipeline.hpp
+/// `Pipeline<Stages..., Options...>`: one type that says where every stage lives and how a step runs.
+///
+/// ```
+/// using Moondream = mpx::Pipeline<
+///     mpx::Stage<moondream::Vision, mpx::GPU<0>, mpx::Frozen, mpx::Checkpointed>,
+///     mpx::Stage<moondream::Text,   mpx::GPU<1>, mpx::Optimizer<mpx::AdamW8bit>>,
+///     mpx::Schedule<mpx::OneFOneB>, mpx::Microbatches<8>>;
+/// ```
+/// Options: `Schedule<Tag>` (default `OneFOneB`), `Microbatches<M>` (default: the number of slots),
+/// `Batch<B>` (needed when a stage `Reads` batch fields). Every rule that spans stages is checked here:
+/// slots contiguous from 0, no two adjacent stages on one slot, one device kind per slot, boundary types
+/// that chain, `Layers` ranges that tile each module exactly once, batch fields that exist, the schedule's
+/// constraints, and the schedule proof (proof.hpp).
+///
+/// The proof runs at compile time when the table has at most `MPX_COMPILE_TIME_PROOF_STEPS` steps
+/// (default 8192: the compiler's constant evaluator costs about 0.2 ms a step); larger tables are proved
+/// at start-up, before the first step, by the same function. `Pipeline::proved_at_compile_time` says which.
+
+#include <mpx/action.hpp>      // mpx::Layout, mpx::Table, mpx::FrozenTable
+#include <mpx/batch.hpp>       // mpx::Batch
+#include <mpx/boundary.hpp>    // mpx::Boundary
+#include <mpx/proof.hpp>       // mpx::prove, mpx::Proof
+#include <mpx/schedule.hpp>    // mpx::Schedule, mpx::Microbatches, mpx::OneFOneB
+#include <mpx/stage.hpp>       // mpx::Stage
+#include <mpx/user_table.hpp>  // mpx::UserTable
+
+#include <array>        // std::array
+#include <tuple>        // std::tuple, std::tuple_element_t
+#include <type_traits>  // std::integral_constant, std::is_convertible_v
+#include <utility>      // std::index_sequence
+
+#ifndef MPX_COMPILE_TIME_PROOF_STEPS
+#define MPX_COMPILE_TIME_PROOF_STEPS 8192
+#endif
+
+namespace mpx
+{
+
+namespace detail
+{
+template <class T> inline constexpr bool is_schedule_option = false;
+template <class T> inline constexpr bool is_schedule_option<Schedule<T>> = true;
+template <class T> inline constexpr bool is_microbatches_option = false;
+template <int M> inline constexpr bool is_microbatches_option<Microbatches<M>> = true;
+template <class T> inline constexpr bool is_batch_option = false;
+template <class B> inline constexpr bool is_batch_option<Batch<B>> = true;
+template <class T> inline constexpr bool is_option = is_schedule_option<T> || is_microbatches_option<T> || is_batch_option<T>;
+
+template <class T> struct is_stage_p : std::bool_constant<is_stage<T>> {};
+template <class T> struct is_schedule_p : std::bool_constant<is_schedule_option<T>> {};
+template <class T> struct is_microbatches_p : std::bool_constant<is_microbatches_option<T>> {};
+template <class T> struct is_batch_p : std::bool_constant<is_batch_option<T>> {};
+
+template <class... Ts> struct type_list {};
+template <class List, class T> struct push_if_stage;
+template <class... Ss, class T> struct push_if_stage<type_list<Ss...>, T>
+{
+  using type = std::conditional_t<is_stage<T>, type_list<Ss..., T>, type_list<Ss...>>;
+};
+template <class List, class... Ts> struct stages_of { using type = List; };
+template <class List, class T, class... Ts> struct stages_of<List, T, Ts...>
+{
+  using type = typename stages_of<typename push_if_stage<List, T>::type, Ts...>::type;
+};
+template <class List> struct as_tuple;
+template <class... Ss> struct as_tuple<type_list<Ss...>> { using type = std::tuple<Ss...>; };
+
+template <class O> struct option_value { static constexpr int value = 0; };
+template <int M> struct option_value<Microbatches<M>> { static constexpr int value = M; };
+template <class O> struct schedule_of_option { using type = OneFOneB; };
+template <class T> struct schedule_of_option<Schedule<T>> { using type = T; };
+template <class O> struct batch_of_option { using type = void; };
+template <class B> struct batch_of_option<Batch<B>> { using type = B; };
+
+template <class Tag> constexpr bool any_placement()
+{
+  if constexpr (requires { Tag::any_placement; }) return Tag::any_placement;
+  else return false;
+}
+
+/// Raised (with the boundary index and both types in the diagnostic) when stage I's output does not
+/// feed stage I+1.
+template <int I, class Out, class In>
+struct boundary_check
+{
+  static_assert(std::is_convertible_v<Out, In>,
+                "mpx::Pipeline: the output type of a stage is not accepted by the next stage's input (see the "
+                "boundary index and both types in mpx::detail::boundary_check<I, Out, In> above); make stage I's "
+                "output_type the input_type of stage I+1");
+  static_assert(std::is_convertible_v<Out, In> == false || Boundary<Out>,
+                "mpx::Pipeline: a stage boundary must be a tensor or a Boost.Hana struct of tensors "
+                "(BOOST_HANA_DEFINE_STRUCT); wrap the values in such a struct");
+  static constexpr bool ok = true;
+};
+
+/// Raised with the failing rank, step and action as template arguments when a schedule's proof fails.
+template <Verdict V, int Rank, int StepIndex, Op Action, int StageIndex, int Microbatch>
+struct schedule_proof_failed
+{
+  static_assert(V != Verdict::bad_shape,
+                "mpx::Pipeline: the schedule table does not fit the pipeline (rank count, stages per rank, or receive "
+                "tokens out of compute order); see the rank and step in mpx::detail::schedule_proof_failed above");
+  static_assert(V != Verdict::foreign_action,
+                "mpx::Pipeline: the schedule table runs a stage on a rank that does not hold it, or a micro-batch >= "
+                "Microbatches; see the rank, step and action in mpx::detail::schedule_proof_failed above");
+  static_assert(V != Verdict::duplicate_action,
+                "mpx::Pipeline: the schedule table runs an action twice; see mpx::detail::schedule_proof_failed above");
+  static_assert(V != Verdict::unfinished_microbatch,
+                "mpx::Pipeline: the schedule table leaves a micro-batch unfinished (a stage lacks its forward or "
+                "backward for it); the missing action is in mpx::detail::schedule_proof_failed above");
+  static_assert(V != Verdict::out_of_order,
+                "mpx::Pipeline: the schedule table runs an action before what it needs (a backward before its "
+                "forward, W before I, or a compute whose receive is not posted yet); see "
+                "mpx::detail::schedule_proof_failed above");
+  static_assert(V != Verdict::unmatched_messages,
+                "mpx::Pipeline: in the schedule table, sends and receives between two stages do not match in order; "
+                "see mpx::detail::schedule_proof_failed above");
+  static_assert(V != Verdict::deadlock,
+                "mpx::Pipeline: the schedule table deadlocks under blocking sends (a send completes only when the peer "
+                "has posted its receive); the first blocked rank, its step and what it waits for are in "
+                "mpx::detail::schedule_proof_failed above. Post receives earlier (RF/RB tokens) or reorder");
+  static constexpr bool ok = true;
+};
+}  // namespace detail
+
+/// A pipeline: stages plus options (see the file comment).
+template <class... Args>
+struct Pipeline
+{
+  static_assert(((detail::is_stage<Args> || detail::is_option<Args>) && ...),
+                "mpx::Pipeline<...>: each argument must be an mpx::Stage<...> or an option (mpx::Schedule<...>, "
+                "mpx::Microbatches<M>, mpx::Batch<B>)");
+  static_assert(detail::count_if<detail::is_stage_p, Args...> >= 1, "mpx::Pipeline<...>: a pipeline needs at least one mpx::Stage<...>");
+  static_assert(detail::count_if<detail::is_schedule_p, Args...> <= 1, "mpx::Pipeline<...>: give at most one mpx::Schedule<...>");
+  static_assert(detail::count_if<detail::is_microbatches_p, Args...> <= 1, "mpx::Pipeline<...>: give at most one mpx::Microbatches<M>");
+  static_assert(detail::count_if<detail::is_batch_p, Args...> <= 1, "mpx::Pipeline<...>: give at most one mpx::Batch<B>");
+
+  using stages = typename detail::as_tuple<typename detail::stages_of<detail::type_list<>, Args...>::type>::type;
+  template <int I>
+  using stage = std::tuple_element_t<I, stages>;
+  static constexpr int num_stages = static_cast<int>(std::tuple_size_v<stages>);
+
+  using schedule = typename detail::schedule_of_option<typename detail::first_of<detail::is_schedule_p, void, Args...>::type>::type;
+  using batch = typename detail::batch_of_option<typename detail::first_of<detail::is_batch_p, void, Args...>::type>::type;
+
+ private:
+  template <std::size_t... I>
+  static constexpr std::array<int, sizeof...(I)> slots_impl(std::index_sequence<I...>) { return {stage<int(I)>::slot...}; }
+  template <std::size_t... I>
+  static constexpr std::array<int, sizeof...(I)> kinds_impl(std::index_sequence<I...>) { return {int(stage<int(I)>::kind)...}; }
+  using seq = std::make_index_sequence<std::tuple_size_v<stages>>;
+
+ public:
+  static constexpr std::array<int, std::tuple_size_v<stages>> slots = slots_impl(seq{});
+  static constexpr int num_slots = [] {
+    int p = 0;
+    for (int s : slots) p = s + 1 > p ? s + 1 : p;
+    return p;
+  }();
+
+  // ---- Slots ----
+  static_assert([] {
+    for (int q = 0; q < num_slots; ++q) {
+      bool used = false;
+      for (int s : slots) used = used || s == q;
+      if (!used) return false;
+    }
+    return true;
+  }(), "mpx::Pipeline: device slots must be contiguous from 0 (every index 0..slots-1 used by some stage); renumber the devices");
+  static_assert([] {
+    for (std::size_t i = 1; i < slots.size(); ++i)
+      if (slots[i] == slots[i - 1]) return false;
+    return true;
+  }(), "mpx::Pipeline: two adjacent stages sit on one slot; merge them into one stage or give them different devices");
+  static_assert([] {
+    constexpr auto kinds = kinds_impl(seq{});
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (slots[i] == slots[j] && kinds[i] != kinds[j]) return false;
+    return true;
+  }(), "mpx::Pipeline: one slot holds both GPU and CPU stages; give each slot one device kind");
+
+  // ---- Schedule ----
+  static constexpr int num_microbatches = [] {
+    constexpr int m = detail::option_value<typename detail::first_of<detail::is_microbatches_p, void, Args...>::type>::value;
+    return m > 0 ? m : num_slots;
+  }();
+  static constexpr int num_chunks = num_stages / (num_slots > 0 ? num_slots : 1);  ///< stages per slot (v)
+  static_assert(schedule::interleaved || detail::any_placement<schedule>() || num_stages == num_slots,
+                "mpx::Pipeline: a slot holds several stages but the schedule runs one stage per slot; use "
+                "mpx::Schedule<mpx::Interleaved1F1B> or give every stage its own slot");
+  static_assert(!schedule::interleaved || [] {
+    for (int i = 0; i < num_stages; ++i)
+      if (slots[i] != i % num_slots) return false;
+    return true;
+  }(), "mpx::Pipeline: mpx::Interleaved1F1B places stage i on slot i % slots (and the same number of stages on every "
+       "slot); reorder the stages' devices");
+  static_assert(!schedule::interleaved || num_microbatches % num_slots == 0,
+                "mpx::Pipeline: mpx::Interleaved1F1B needs Microbatches to be a multiple of the slots (and at least the "
+                "slots); set mpx::Microbatches<M> accordingly");
+
+  // ---- Boundaries ----
+ private:
+  template <int I>
+  static constexpr bool is_last_range()
+  {
+    if constexpr (!stage<I>::has_layers) return true;
+    else return [] <std::size_t... J>(std::index_sequence<J...>) {
+      return !((int(J) > I && stage<int(J)>::has_layers &&
+                std::is_same_v<typename stage<int(J)>::module, typename stage<I>::module>) || ...);
+    }(seq{});
+  }
+  template <int I>
+  static constexpr int previous_range()
+  {
+    return [] <std::size_t... J>(std::index_sequence<J...>) {
+      int prev = -1;
+      ((prev = (int(J) < I && stage<int(J)>::has_layers &&
+                std::is_same_v<typename stage<int(J)>::module, typename stage<I>::module>) ? int(J) : prev), ...);
+      return prev;
+    }(seq{});
+  }
+
+ public:
+  /// What stage I receives and returns (a Layers stage's inner ranges exchange the module's hidden_type).
+  template <int I>
+  using input_of = std::conditional_t<stage<I>::has_layers && stage<I>::layer_begin != 0,
+                                      typename stage<I>::traits::hidden_type, typename stage<I>::traits::input_type>;
+  template <int I>
+  using output_of = std::conditional_t<stage<I>::has_layers && !is_last_range<I>(),
+                                       typename stage<I>::traits::hidden_type, typename stage<I>::traits::output_type>;
+
+ private:
+  template <std::size_t... I>
+  static constexpr bool check_boundaries(std::index_sequence<I...>)
+  {
+    return (detail::boundary_check<int(I), output_of<int(I)>, input_of<int(I) + 1>>::ok && ... && true);
+  }
+  template <std::size_t... I>
+  static constexpr bool layers_tile(std::index_sequence<I...>)
+  {
+    return ([] {
+      constexpr int i = int(I);
+      using S = stage<i>;
+      if constexpr (!S::has_layers) {
+        // a module split into ranges must not also appear whole
+        return ![] <std::size_t... J>(std::index_sequence<J...>) {
+          return ((stage<int(J)>::has_layers && std::is_same_v<typename stage<int(J)>::module, typename S::module>) || ...);
+        }(seq{});
+      } else {
+        constexpr int prev = previous_range<i>();
+        if constexpr (prev < 0) {
+          if (S::layer_begin != 0) return false;
+        } else {
+          if (stage<prev>::layer_end == to_end || stage<prev>::layer_end != S::layer_begin) return false;
+        }
+        if constexpr (is_last_range<i>()) {
+          constexpr int n = S::traits::num_layers;
+          if (n >= 0 && S::layer_end != to_end && S::layer_end != n) return false;
+        }
+        return true;
+      }
+    }() && ... && true);
+  }
+  template <std::size_t... I>
+  static constexpr bool reads_exist(std::index_sequence<I...>)
+  {
+    return ([] {
+      using R = typename stage<int(I)>::reads;
+      if constexpr (R::size == 0) return true;
+      else if constexpr (std::is_void_v<batch>) return false;
+      else {
+        for (std::size_t f = 0; f < R::size; ++f)
+          if (!detail::has_member<batch>(R::fields[f])) return false;
+        return true;
+      }
+    }() && ... && true);
+  }
+
+ public:
+  static_assert(check_boundaries(std::make_index_sequence<(std::tuple_size_v<stages> > 0 ? std::tuple_size_v<stages> - 1 : 0)>{}));
+  static_assert(layers_tile(seq{}),
+                "mpx::Pipeline: the mpx::Layers<b, e> ranges of one module must tile its layers exactly once, in stage "
+                "order: the first starts at 0, each starts where the previous ended (no gap, no overlap), only the last "
+                "may use mpx::to_end and it ends at num_layers; and a module split into ranges cannot also be a whole stage");
+  static_assert(reads_exist(seq{}),
+                "mpx::Pipeline: a stage Reads a batch field that the pipeline's mpx::Batch<B> does not have (or the "
+                "pipeline has no mpx::Batch<B>); fix the field name or add the field or the option");
+
+  // ---- The schedule and its proof ----
+  /// The schedule's input: stage -> slot and micro-batches.
+  static constexpr Layout layout = [] {
+    Layout l;
+    l.ranks = num_slots;
+    l.stages = num_stages;
+    l.microbatches = num_microbatches;
+    for (int i = 0; i < num_stages; ++i) l.rank_of[i] = static_cast<std::uint16_t>(slots[i]);
+    return l;
+  }();
+  /// Steps in one training step's table, all ranks together.
+  static constexpr std::size_t num_steps = std::size_t(num_stages) * num_microbatches * (schedule::split_backward ? 3 : 2);
+  static constexpr bool proved_at_compile_time = num_steps <= MPX_COMPILE_TIME_PROOF_STEPS;
+
+  /// The proof, run while the type is instantiated (an empty `Proof` when the table is too large: then
+  /// `mpx::proof<P>()` runs it at start-up).
+  static constexpr Proof compile_time_proof = proved_at_compile_time ? prove(schedule::table(layout)) : Proof{};
+  static_assert(detail::schedule_proof_failed<compile_time_proof.verdict, compile_time_proof.rank, compile_time_proof.step,
+                                              compile_time_proof.action.op, compile_time_proof.action.stage,
+                                              int(compile_time_proof.action.mb)>::ok);
+
+  /// Builds the table (constant evaluation or run time alike).
+  static constexpr Table make_table() { return schedule::table(layout); }
+};
+
+namespace detail
+{
+template <class T> inline constexpr bool is_pipeline = false;
+template <class... A> inline constexpr bool is_pipeline<Pipeline<A...>> = true;
+}  // namespace detail
+
+/// Concept: an `mpx::Pipeline<...>`.
+template <class P>
+concept PipelineType = detail::is_pipeline<P>;
+
+/// The schedule proof of P: the compile-time one when P is small enough (`P::proved_at_compile_time`),
+/// otherwise computed now (the runtime calls this at start-up and stops on a failed verdict).
+template <PipelineType P>
+constexpr Proof proof()
+{
+  if constexpr (P::proved_at_compile_time) return P::compile_time_proof;
+  else return prove(P::make_table());
+}
+
+/// The compile-time proof of P (only for pipelines proved at compile time).
+template <PipelineType P>
+  requires(P::proved_at_compile_time)
+inline constexpr Proof proof_v = P::compile_time_proof;
+
+/// P's table frozen in static storage, as the executor walks it.
+template <PipelineType P>
+inline constexpr auto table_v = detail::freeze<P::num_steps, std::size_t(P::num_slots)>(P::make_table());
+
+// ---- Queries: std::integral_constant results, usable in static_assert ----
+template <PipelineType P> constexpr auto num_stages(P = {}) { return std::integral_constant<int, P::num_stages>{}; }
+template <PipelineType P> constexpr auto num_slots(P = {}) { return std::integral_constant<int, P::num_slots>{}; }
+template <PipelineType P> constexpr auto num_microbatches(P = {}) { return std::integral_constant<int, P::num_microbatches>{}; }
+template <PipelineType P> constexpr auto num_chunks(P = {}) { return std::integral_constant<int, P::num_chunks>{}; }
+template <int I, PipelineType P> constexpr auto slot_of(P = {})
+{
+  static_assert(I >= 0 && I < P::num_stages, "mpx::slot_of<I>(pipeline): I must be a stage index < num_stages");
+  return std::integral_constant<int, P::slots[I]>{};
+}
+template <PipelineType P> inline constexpr int num_stages_v = P::num_stages;
+template <PipelineType P> inline constexpr int num_slots_v = P::num_slots;
+template <PipelineType P> inline constexpr int num_microbatches_v = P::num_microbatches;
+template <int I, PipelineType P> inline constexpr int slot_of_v = decltype(slot_of<I, P>())::value;
+
+/// The stages a slot holds, in stage order, as a std::integer_sequence.
+template <int Slot, PipelineType P>
+constexpr auto stages_on_slot(P = {})
+{
+  constexpr auto list = [] {
+    std::array<int, P::num_stages + 1> out{};
+    int n = 0;
+    for (int i = 0; i < P::num_stages; ++i)
+      if (P::slots[i] == Slot) out[n++] = i;
+    out[P::num_stages] = n;
+    return out;
+  }();
+  return [&]<std::size_t... K>(std::index_sequence<K...>) {
+    return std::integer_sequence<int, list[K]...>{};
+  }(std::make_index_sequence<std::size_t(list[P::num_stages])>{});
+}
+
+}  // namespace mpx

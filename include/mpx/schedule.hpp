@@ -1,0 +1,220 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file schedule.hpp
+/// The built-in schedules, as `constexpr` functions from a `Layout` to a `Table`: `GPipe`, `OneFOneB`,
+/// `Interleaved1F1B` and `ZBH1`. A schedule is a tag type; `Schedule<Tag>` selects it in a `Pipeline`.
+/// A user-written table is `UserTable<"...">` (user_table.hpp).
+///
+/// Concept `ScheduleTag` — minimal complete definition:
+/// - `static constexpr std::string_view name;`
+/// - `static constexpr bool interleaved;`  (several stages per rank: stage s on rank s % ranks)
+/// - `static constexpr bool split_backward;`  (backward split into I and W, as ZB-H1)
+/// - `static constexpr mpx::Table table(const mpx::Layout&);`
+/// Models: GPipe, OneFOneB, Interleaved1F1B, ZBH1, UserTable<...>.
+///
+/// NOTE: the generators write through raw pointers with no helper calls in their loops: the compiler's
+/// constant evaluator is slow per call, and a 64 x 512 table has 65,536 steps.
+
+#include <mpx/action.hpp>  // mpx::Step, mpx::Layout, mpx::Table
+
+#include <concepts>     // std::convertible_to
+#include <string_view>  // std::string_view
+
+namespace mpx
+{
+
+namespace detail
+{
+/// A table sized for `per_stage` computes per (stage, micro-batch), ranks' slices laid out in order,
+/// with `cursor[r]` pointing at rank r's next free step.
+struct table_builder
+{
+  Table t;
+  buffer<std::uint32_t> cursor;
+  constexpr table_builder(const Layout& l, int per_stage)
+      : t(l, std::size_t(l.stages) * l.microbatches * per_stage), cursor(std::size_t(l.ranks))
+  {
+    buffer<std::uint32_t> count(std::size_t(l.ranks));
+    for (int s = 0; s < l.stages; ++s) count.p[l.rank_of[s]] += std::uint32_t(l.microbatches * per_stage);
+    std::uint32_t at = 0;
+    for (int r = 0; r < l.ranks; ++r) {
+      t.begin.p[r] = at;
+      cursor.p[r] = at;
+      at += count.p[r];
+    }
+    t.begin.p[l.ranks] = at;
+  }
+  constexpr void put(int r, Op op, int s, int mb)
+  {
+    t.steps.p[cursor.p[r]++] = Step{op, std::uint16_t(s), std::uint32_t(mb), 0};
+  }
+
+  /// Sets where receives are posted: after compute k a rank has posted the receives of every compute up
+  /// to the `lookahead`-th next one that receives anything (1 or 2). Two neighbours that send to each
+  /// other at the same moment then both find their receive posted (a Gloo send completes only when the
+  /// peer has posted the matching receive).
+  constexpr Table finish(int lookahead)
+  {
+    const int S = t.layout.stages;
+    for (int r = 0; r < t.layout.ranks; ++r) {
+      Step* c = t.steps.p + t.begin.p[r];
+      const std::uint32_t n = t.begin.p[r + 1] - t.begin.p[r];
+      std::uint32_t n1 = n, n2 = n;  // next and second-next receiving compute after k
+      for (std::uint32_t k = n; k-- > 0;) {
+        const std::uint32_t through = lookahead == 1 ? n1 : n2;
+        c[k].post_end = through < n ? through + 1 : n;
+        const Op op = c[k].op;
+        const int s = c[k].stage;
+        if ((op == Op::F && s > 0) || ((op == Op::B || op == Op::I) && s + 1 < S)) { n2 = n1; n1 = k; }
+      }
+      const std::uint32_t through = lookahead == 1 ? n1 : n2;
+      t.post_begin.p[r] = through < n ? through + 1 : n;
+    }
+    return static_cast<Table&&>(t);
+  }
+};
+}  // namespace detail
+
+/// GPipe (fill-drain): all forwards, then all backwards. Holds all m micro-batches in flight.
+struct GPipe
+{
+  static constexpr std::string_view name = "GPipe";
+  static constexpr bool interleaved = false;
+  static constexpr bool split_backward = false;
+  static constexpr Table table(const Layout& l)
+  {
+    detail::table_builder b(l, 2);
+    for (int s = 0; s < l.stages; ++s) {
+      const int r = l.rank_of[s];
+      for (int m = 0; m < l.microbatches; ++m) b.put(r, Op::F, s, m);
+      for (int m = 0; m < l.microbatches; ++m) b.put(r, Op::B, s, m);
+    }
+    return b.finish(1);
+  }
+};
+
+/// 1F1B (PipeDream-Flush): stage s runs min(stages - s - 1, m) warm-up forwards, then alternates one
+/// forward and one backward, then drains. Same bubble as GPipe, at most stages - s micro-batches in flight.
+struct OneFOneB
+{
+  static constexpr std::string_view name = "1F1B";
+  static constexpr bool interleaved = false;
+  static constexpr bool split_backward = false;
+  static constexpr Table table(const Layout& l)
+  {
+    detail::table_builder b(l, 2);
+    const int m = l.microbatches;
+    for (int s = 0; s < l.stages; ++s) {
+      const int r = l.rank_of[s];
+      const int warmup = l.stages - s - 1 < m ? l.stages - s - 1 : m;
+      for (int i = 0; i < warmup; ++i) b.put(r, Op::F, s, i);
+      for (int i = 0; i < m - warmup; ++i) {
+        b.put(r, Op::F, s, warmup + i);
+        b.put(r, Op::B, s, i);
+      }
+      for (int i = m - warmup; i < m; ++i) b.put(r, Op::B, s, i);
+    }
+    return b.finish(1);
+  }
+};
+
+/// Interleaved 1F1B (Megatron's virtual pipeline): each rank holds v = stages / ranks model chunks, stage s
+/// on rank s % ranks; micro-batches advance in groups of `ranks`, so m must be a multiple of ranks.
+/// Bubble (p-1)/(v*m + p-1). Receives are posted two computes ahead.
+struct Interleaved1F1B
+{
+  static constexpr std::string_view name = "Interleaved1F1B";
+  static constexpr bool interleaved = true;
+  static constexpr bool split_backward = false;
+  static constexpr Table table(const Layout& l)
+  {
+    detail::table_builder b(l, 2);
+    const int p = l.ranks, v = l.stages / l.ranks, m = l.microbatches, total = m * v, pv = p * v;
+    for (int r = 0; r < p; ++r) {
+      const int w = (p - r - 1) * 2 + (v - 1) * p;
+      const int warmup = m == p ? total : (w < total ? w : total);
+      // virtual micro-batch k: chunk (k % pv) / p (reversed for backward), micro-batch (k / pv) * p + k % p
+      for (int k = 0; k < warmup; ++k) b.put(r, Op::F, ((k % pv) / p) * p + r, (k / pv) * p + k % p);
+      for (int i = 0; i < total - warmup; ++i) {
+        const int kf = warmup + i;
+        b.put(r, Op::F, ((kf % pv) / p) * p + r, (kf / pv) * p + kf % p);
+        b.put(r, Op::B, (v - 1 - (i % pv) / p) * p + r, (i / pv) * p + i % p);
+      }
+      for (int k = total - warmup; k < total; ++k) b.put(r, Op::B, (v - 1 - (k % pv) / p) * p + r, (k / pv) * p + k % p);
+    }
+    return b.finish(2);
+  }
+};
+
+/// ZB-H1 (zero bubble, "handcrafted 1"): the backward is split into input-gradient (I) and weight-gradient
+/// (W) passes, and W passes fill what would be 1F1B's bubble. The list comes from a list scheduler under
+/// unit costs (F = I = W): a free stage runs an I when its gradient has arrived, else an F while fewer
+/// than `stages` micro-batches await their W (1F1B's peak memory), else a pending W. Bubble about
+/// (p-1)/(3m + p-1) — a third of 1F1B's.
+struct ZBH1
+{
+  static constexpr std::string_view name = "ZB-H1";
+  static constexpr bool interleaved = false;
+  static constexpr bool split_backward = true;
+  static constexpr Table table(const Layout& l)
+  {
+    detail::table_builder b(l, 3);
+    const int S = l.stages, m = l.microbatches;
+    // f_end / i_end: time the forward / input gradient of (s, mb) ends; 0 = not yet (times start at 1)
+    detail::buffer<int> f_end(std::size_t(S) * m), i_end(std::size_t(S) * m);
+    detail::buffer<int> nf(S), ni(S), nw(S);
+    int remaining = S * m * 3;
+    for (int t = 1; remaining > 0; ++t) {
+      for (int s = 0; s < S; ++s) {
+        const int i = ni.p[s], f = nf.p[s], r = l.rank_of[s];
+        const int g = i < f ? (s + 1 == S ? f_end.p[s * m + i] : i_end.p[(s + 1) * m + i]) : 0;
+        const int in = f < m ? (s == 0 ? 1 : f_end.p[(s - 1) * m + f]) : 0;
+        if (g != 0 && g < t) {
+          b.put(r, Op::I, s, i);
+          i_end.p[s * m + i] = t;
+          ++ni.p[s];
+        } else if (in != 0 && in < t && f - nw.p[s] < S) {
+          b.put(r, Op::F, s, f);
+          f_end.p[s * m + f] = t;
+          ++nf.p[s];
+        } else if (nw.p[s] < i) {
+          b.put(r, Op::W, s, nw.p[s]);
+          ++nw.p[s];
+        } else {
+          continue;
+        }
+        --remaining;
+      }
+    }
+    return b.finish(1);
+  }
+};
+
+/// Concept: a schedule tag (see the file comment).
+template <class T>
+concept ScheduleTag = requires(const Layout& l) {
+  { T::name } -> std::convertible_to<std::string_view>;
+  { T::interleaved } -> std::convertible_to<bool>;
+  { T::split_backward } -> std::convertible_to<bool>;
+  { T::table(l) } -> std::same_as<Table>;
+};
+
+/// Pipeline option: which schedule runs. `Schedule<OneFOneB>` is the default.
+template <class Tag>
+struct Schedule
+{
+  static_assert(ScheduleTag<Tag>,
+                "mpx::Schedule<Tag>: Tag must be a schedule such as mpx::GPipe, mpx::OneFOneB, mpx::Interleaved1F1B, "
+                "mpx::ZBH1 or mpx::UserTable<\"...\">");
+  using tag = Tag;
+};
+
+/// Pipeline option: micro-batches per step.
+template <int M>
+struct Microbatches
+{
+  static_assert(M >= 1, "mpx::Microbatches<M>: M must be at least 1");
+  static constexpr int value = M;
+};
+
+}  // namespace mpx

@@ -1,0 +1,12 @@
+// EXPECT: ranges of one module must tile its layers exactly once
+#include "../support/archetypes.hpp"
+using namespace archetypes;
+// Text declares num_layers = 8: stopping at 7 silently drops a layer (Megatron-LM#1304).
+#ifdef MPX_FAIL
+using P = mpx::Pipeline<mpx::Stage<Vision, mpx::CPU<0>>, mpx::Stage<Text, mpx::CPU<1>, mpx::Layers<0, 4>>,
+                        mpx::Stage<Text, mpx::CPU<2>, mpx::Layers<4, 7>>>;
+#else
+using P = mpx::Pipeline<mpx::Stage<Vision, mpx::CPU<0>>, mpx::Stage<Text, mpx::CPU<1>, mpx::Layers<0, 4>>,
+                        mpx::Stage<Text, mpx::CPU<2>, mpx::Layers<4, 8>>>;
+#endif
+static_assert(P::num_stages == 3);

@@ -1,0 +1,10 @@
+// EXPECT: the table text does not parse
+#include "../support/archetypes.hpp"
+using namespace archetypes;
+#ifdef MPX_FAIL
+using T = mpx::UserTable<"F0 F1 B0 B1 ; F0 Back0 F1 B1">;
+#else
+using T = mpx::UserTable<"F0 F1 B0 B1 ; F0 B0 F1 B1">;
+#endif
+using P = mpx::Pipeline<mpx::Stage<Block, mpx::CPU<0>>, mpx::Stage<Block, mpx::CPU<1>>, mpx::Schedule<T>, mpx::Microbatches<2>>;
+static_assert(P::num_stages == 2);

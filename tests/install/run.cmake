@@ -1,0 +1,31 @@
+# Drives the install-and-consume tests. MODE=find_package: install mpx into WORK/prefix, then configure,
+# build and run the consumer against it. MODE=add_subdirectory: the consumer pulls mpx's source in.
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed: ${ARGN}\n${out}\n${err}")
+  endif()
+  set(last_output "${out}" PARENT_SCOPE)
+endfunction()
+set(consumer ${MPX_SOURCE}/tests/install/consumer)
+if(MODE STREQUAL "find_package")
+  run(${CMAKE_COMMAND} -S ${MPX_SOURCE} -B ${WORK}/mpx-build -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX}
+      -DMPX_BUILD_TESTS=OFF -DMPX_BUILD_EXAMPLES=OFF -DMPX_BUILD_BENCHMARKS=OFF -DCMAKE_INSTALL_PREFIX=${WORK}/prefix)
+  run(${CMAKE_COMMAND} --install ${WORK}/mpx-build)
+  if(NOT EXISTS ${WORK}/prefix/include/mpx/pipeline.hpp)
+    message(FATAL_ERROR "headers were not installed")
+  endif()
+  run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK}/consumer-build -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX}
+      -DCMAKE_PREFIX_PATH=${WORK}/prefix -DMPX_EXPECT_TORCH=ON)
+else()
+  run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK}/consumer-build -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX}
+      -DMPX_VIA_SUBDIRECTORY=ON -DMPX_SOURCE=${MPX_SOURCE} -DMPX_EXPECT_TORCH=ON)
+endif()
+run(${CMAKE_COMMAND} --build ${WORK}/consumer-build)
+run(${WORK}/consumer-build/consumer)
+if(NOT last_output MATCHES "consumer ok")
+  message(FATAL_ERROR "consumer printed: ${last_output}")
+endif()
+message(STATUS "${last_output}")

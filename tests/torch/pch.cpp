@@ -1,0 +1,2 @@
+// SPDX-License-Identifier: Apache-2.0
+// Anchor of the shared <torch/torch.h> precompiled header.
