@@ -12,7 +12,7 @@ best() {  # best wall time of 3 runs, in seconds
   local b=999
   for _ in 1 2 3; do
     local s e t
-    s=$(date +%s.%N); "$CXX" "${flags[@]}" "$@" "$tu"; e=$(date +%s.%N)
+    s=$(date +%s.%N); "$CXX" "${flags[@]}" "$@" "$tu" || { echo "compile failed: $*" >&2; exit 1; }; e=$(date +%s.%N)
     t=$(echo "$e - $s" | bc -l); if (( $(echo "$t < $b" | bc -l) )); then b=$t; fi
   done
   printf '%.2f' "$b"
@@ -36,7 +36,7 @@ for cfg in "OneFOneB 2 8" "OneFOneB 8 64" "OneFOneB 16 128" "ZBH1 8 64" "OneFOne
   read -r sched p m <<< "$cfg"
   per=2; [ "$sched" = ZBH1 ] && per=3
   steps=$((p * m * per))
-  t=$(best -DP="$p" -DM="$m" -DSCHED="$sched")
+  t=$(best -DMPX_BENCH_P="$p" -DMPX_BENCH_M="$m" -DMPX_BENCH_SCHED="$sched")
   cost=$(echo "$t - $base" | bc -l)
   printf '| %s | %d | %d | %d | %.2f | %.2f | %.3f |\n' "$sched" "$p" "$m" "$steps" "$t" "$cost" "$(echo "1000 * $cost / $steps" | bc -l)" >> "$out"
   echo "$sched p=$p m=$m: $t s"
