@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// @file mpx.hpp
-/// Everything: the compile-time layer (core.hpp) and the LibTorch glue (mpx/torch/).
+/// Everything: the compile-time layer (core.hpp), the LibTorch glue (mpx/torch/) and the runtime.
 
 #include <mpx/core.hpp>         // the compile-time layer
 #include <mpx/torch/blas.hpp>   // mpx::check_blas
+#include <mpx/runtime.hpp>      // mpx::make_world, mpx::Trainer, mpx::launch
 #include <mpx/torch/tensor.hpp> // at::Tensor as mpx::TensorLike

@@ -1,0 +1,13 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file runtime.hpp
+/// The distributed runtime: environment, launcher, process groups, wire protocol, trainer.
+
+#include <mpx/runtime/env.hpp>      // mpx::Env, mpx::read_env
+#include <mpx/runtime/errors.hpp>   // mpx::config_error, mpx::peer_error
+#include <mpx/runtime/launch.hpp>   // mpx::launch, mpx::relaunch_self
+#include <mpx/runtime/lr.hpp>       // mpx::WarmupCosine
+#include <mpx/runtime/sampler.hpp>  // mpx::DistributedSampler
+#include <mpx/runtime/trainer.hpp>  // mpx::Trainer, mpx::TrainOptions, mpx::split_microbatches
+#include <mpx/runtime/wire.hpp>     // mpx::send_tensors, mpx::post_recv, mpx::finish_recv
+#include <mpx/runtime/world.hpp>    // mpx::World, mpx::make_world

@@ -1,0 +1,522 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file runtime/trainer.hpp
+/// `mpx::Trainer<P, Batch>`: runs a declared pipeline across processes. Each rank builds only its own
+/// stages' modules and optimizers, walks its compile-time action list (receives posted ahead, sends
+/// asynchronous, waits just before the compute that needs the data), accumulates gradients over the
+/// micro-batches, averages them over replicas (bucketed, started as soon as a stage's last backward is
+/// done), clips the global gradient norm across all stages and replicas, and steps each stage's optimizer
+/// with the learning-rate schedule. A failure between ranks becomes a `peer_error` naming rank, step,
+/// schedule action and peer.
+///
+/// ```
+/// mpx::Trainer<Model, MyBatch> t(world, [](auto stage) { return make_stage<decltype(stage)::value>(); },
+///                               input_fn, loss_fn, options);
+/// double loss = t.step(mpx::split_microbatches(batch, Model::num_microbatches));
+/// ```
+
+#include <mpx/action.hpp>          // mpx::expand, mpx::op_name
+#include <mpx/pipeline.hpp>        // mpx::PipelineType, mpx::proof, mpx::table_v
+#include <mpx/runtime/errors.hpp>  // mpx::config_error, mpx::peer_error
+#include <mpx/runtime/lr.hpp>      // mpx::WarmupCosine
+#include <mpx/runtime/wire.hpp>    // mpx::send_tensors, mpx::post_recv, mpx::finish_recv
+#include <mpx/runtime/world.hpp>   // mpx::World
+
+#include <nlohmann/json.hpp>  // nlohmann::json (trace)
+#include <torch/torch.h>      // torch::optim, torch::autograd
+
+#include <chrono>      // std::chrono::steady_clock
+#include <fstream>     // std::ofstream
+#include <functional>  // std::function
+#include <memory>      // std::unique_ptr
+#include <optional>    // std::optional
+#include <tuple>       // std::tuple
+#include <vector>      // std::vector
+
+namespace mpx
+{
+
+/// Training hyper-parameters of a run.
+struct TrainOptions
+{
+  WarmupCosine lr{1e-3, 0, 1, 1.0};  ///< default: constant 1e-3
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  ///< AdamW
+  double momentum = 0.0;                           ///< SGD
+  double clip_norm = 0.0;                          ///< global gradient-norm clipping; 0: off
+  std::size_t bucket_bytes = std::size_t(25) << 20;  ///< data-parallel all-reduce bucket size
+  bool trace = false;                              ///< record every action for `write_trace`
+};
+
+/// Splits a batch (a tensor or a Hana struct of tensors) into m micro-batches along dim 0.
+template <class Batch>
+std::vector<Batch> split_microbatches(const Batch& b, int m)
+{
+  auto fields = detail::flatten(b);
+  const auto n = fields.at(0).size(0);
+  for (auto& f : fields)
+    if (f.size(0) != n)
+      throw config_error("mpx::split_microbatches: the batch's fields have different sizes along dim 0 (" +
+                         std::to_string(n) + " and " + std::to_string(f.size(0)) + "); give every field the batch size first");
+  if (m < 1 || n % m != 0)
+    throw config_error("mpx::split_microbatches: batch size (" + std::to_string(n) + ") is not divisible by the micro-batch count (" +
+                       std::to_string(m) + "); choose a batch size that is a multiple of " + std::to_string(m));
+  std::vector<Batch> out;
+  for (int i = 0; i < m; ++i) {
+    std::vector<at::Tensor> part;
+    for (auto& f : fields) part.push_back(f.narrow(0, i * (n / m), n / m));
+    out.push_back(detail::unflatten<Batch>(part));
+  }
+  return out;
+}
+
+/// What one step measured on this rank.
+struct StepStats
+{
+  double loss = 0;            ///< mean loss over the global batch (all replicas), on every rank
+  double grad_norm = 0;       ///< global gradient norm before clipping
+  double lr = 0;
+  double seconds = 0;         ///< wall time of the step on this rank
+  double compute_seconds = 0; ///< time in forward/backward on this rank
+};
+
+template <PipelineType P, class Batch>
+class Trainer
+{
+  static constexpr int N = P::num_stages;
+  static constexpr int M = P::num_microbatches;
+  template <int I>
+  using module_t = typename P::template stage<I>::module;
+  template <std::size_t... I>
+  static auto modules_tuple(std::index_sequence<I...>) -> std::tuple<std::optional<module_t<int(I)>>...>;
+  using Modules = decltype(modules_tuple(std::make_index_sequence<N>{}));
+
+ public:
+  using Input = typename P::template input_of<0>;
+  using Output = typename P::template output_of<N - 1>;
+  using InputFn = std::function<Input(const Batch&)>;
+  using LossFn = std::function<at::Tensor(const Output&, const Batch&)>;
+
+  /// Builds this rank's stages with `make(std::integral_constant<int, I>{})` (only for its own I) and their
+  /// optimizers. Proves the schedule first when it was too large to prove at compile time.
+  template <class Make>
+  Trainer(World& world, Make&& make, InputFn input, LossFn loss, TrainOptions options = {})
+      : w_(world), input_(std::move(input)), loss_(std::move(loss)), o_(std::move(options))
+  {
+    if constexpr (!P::proved_at_compile_time) {
+      const Proof pr = proof<P>();
+      if (!pr.ok())
+        throw config_error(std::string("mpx: the schedule's proof failed at start-up: ") + verdict_text(pr.verdict) +
+                           " (rank " + std::to_string(pr.rank) + ", step " + std::to_string(pr.step) + ")");
+    }
+    const Table t = P::make_table();
+    actions_ = expand(t, w_.slot);
+    expected_bubble_ = prove(t).bubble();
+    for (int s = 0; s < N; ++s) mine_.push_back(P::slots[s] == w_.slot);
+    build(make, std::make_index_sequence<N>{});
+    state_.resize(std::size_t(N) * M);
+  }
+
+  /// One optimizer step over this replica's m micro-batches.
+  StepStats step(const std::vector<Batch>& microbatches)
+  {
+    if (static_cast<int>(microbatches.size()) != M)
+      throw config_error("mpx::Trainer::step: got " + std::to_string(microbatches.size()) + " micro-batches, the pipeline declares " +
+                         std::to_string(M) + " (mpx::Microbatches<M>); split the batch with mpx::split_microbatches(batch, " +
+                         std::to_string(M) + ")");
+    const auto t0 = clock::now();
+    double compute = 0, loss_sum = 0;
+    std::vector<PendingSend> sends;
+    std::vector<int> backward_left(N, M);
+    events_.clear();
+    for (std::size_t k = 0; k < actions_.size(); ++k) {
+      const Action a = actions_[k];
+      const auto a0 = clock::now();
+      try {
+        run(a, microbatches, sends, backward_left, loss_sum);
+      } catch (const config_error&) {
+        throw;
+      } catch (const std::exception& e) {
+        throw peer_error(context(a, k) + ": " + e.what());
+      }
+      const auto a1 = clock::now();
+      if (is_compute(a.op)) compute += seconds(a1 - a0);
+      if (o_.trace) events_.push_back({a, us(a0 - t0), us(a1 - a0)});
+    }
+    for (auto& s : sends)
+      for (auto& wk : s.works) {
+        try {
+          wk->wait(w_.timeout);
+        } catch (const std::exception& e) {
+          throw peer_error("mpx: rank " + std::to_string(w_.env.rank) + ", step " + std::to_string(step_) + ", " + s.what +
+                           ": the send did not complete: " + e.what());
+        }
+      }
+    StepStats st;
+    finish_data_parallel();
+    st.grad_norm = clip();
+    st.lr = o_.lr(step_);
+    for (auto& opt : optimizers_) {
+      if (!opt) continue;
+      for (auto& g : opt->param_groups()) g.options().set_lr(st.lr);
+      opt->step();
+    }
+    for (int s = 0; s < N; ++s)
+      if (mine_[s])
+        for (auto& p : params_[s]) p.mutable_grad() = at::Tensor();
+    // mean loss over all replicas, known to every rank
+    auto l = torch::full({1}, mine_[N - 1] ? loss_sum / w_.replicas : 0.0, torch::kDouble);
+    std::vector<at::Tensor> lv{l};
+    w_.world->allreduce(lv)->wait(w_.timeout);
+    st.loss = l.template item<double>();
+    st.seconds = seconds(clock::now() - t0);
+    st.compute_seconds = compute;
+    last_ = st;
+    ++step_;
+    return st;
+  }
+
+  /// This rank's parameters of stage `s` (empty if the stage lives elsewhere), in module order.
+  std::vector<at::Tensor> parameters(int s) const { return mine_.at(std::size_t(s)) ? params_[std::size_t(s)] : std::vector<at::Tensor>{}; }
+  bool holds(int s) const { return mine_.at(std::size_t(s)); }
+  long steps_done() const { return step_; }
+  double expected_bubble() const { return expected_bubble_; }
+  /// Measured idle fraction of the last step on this rank: 1 - compute / wall.
+  double measured_bubble() const { return last_.seconds > 0 ? 1.0 - last_.compute_seconds / last_.seconds : 0.0; }
+
+  /// Writes the last step's actions of every rank as one Chrome trace (open in Perfetto); a collective
+  /// over the world: every rank calls it, rank 0 writes `path`.
+  void write_trace(const std::string& path)
+  {
+    nlohmann::json mine = nlohmann::json::array();
+    for (auto& e : events_) {
+      std::string name = std::string(op_name(e.a.op)) + std::to_string(e.a.mb);
+      mine.push_back({{"name", name}, {"cat", is_compute(e.a.op) ? "compute" : "comm"}, {"ph", "X"}, {"ts", e.ts},
+                      {"dur", e.dur}, {"pid", w_.replica}, {"tid", w_.env.rank},
+                      {"args", {{"stage", e.a.stage}, {"mb", e.a.mb}}}});
+    }
+    const std::string key = "mpx/trace/" + std::to_string(step_) + "/" + std::to_string(w_.env.rank);
+    const std::string text = mine.dump();
+    w_.store->set(key, std::vector<uint8_t>(text.begin(), text.end()));
+    if (w_.env.rank != 0) return;
+    nlohmann::json all = {{"traceEvents", nlohmann::json::array()}, {"displayTimeUnit", "ms"}};
+    for (int r = 0; r < w_.env.world_size; ++r) {
+      const std::string k = "mpx/trace/" + std::to_string(step_) + "/" + std::to_string(r);
+      w_.store->wait({k}, w_.timeout);
+      auto bytes = w_.store->get(k);
+      for (auto& ev : nlohmann::json::parse(std::string(bytes.begin(), bytes.end()))) all["traceEvents"].push_back(ev);
+      all["traceEvents"].push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r / w_.slots}, {"tid", r},
+                                    {"args", {{"name", "rank " + std::to_string(r) + " (slot " + std::to_string(r % w_.slots) + ")"}}}});
+    }
+    std::ofstream(path) << all.dump(1);
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  static double seconds(clock::duration d) { return std::chrono::duration<double>(d).count(); }
+  static long us(clock::duration d) { return long(std::chrono::duration_cast<std::chrono::microseconds>(d).count()); }
+
+  struct Event { Action a; long ts, dur; };
+  /// What one (stage, micro-batch) holds between its forward and its backward.
+  struct MicroState
+  {
+    std::vector<at::Tensor> inputs, outputs, grads, input_grads;
+    at::Tensor loss;
+    std::optional<PendingRecv> recv_f, recv_b;
+  };
+
+  template <class Make, std::size_t... I>
+  void build(Make& make, std::index_sequence<I...>)
+  {
+    params_.resize(N);
+    optimizers_.resize(N);
+    names_.resize(N);
+    boundaries_.resize(N);
+    (build_one<int(I)>(make), ...);
+  }
+
+  template <int I, class Make>
+  void build_one(Make& make)
+  {
+    using S = typename P::template stage<I>;
+    names_[I] = detail::field_names<typename P::template input_of<I>>();
+    boundaries_[I] = std::string(detail::type_name<typename P::template input_of<I>>());
+    if (!mine_[I]) return;
+    auto& m = std::get<I>(modules_);
+    m.emplace(make(std::integral_constant<int, I>{}));
+    auto& mod = impl(*m);
+    mod.to(w_.device);
+    for (auto& p : mod.parameters()) {
+      if (S::frozen) p.requires_grad_(false);
+      params_[I].push_back(p);
+    }
+    std::vector<at::Tensor> trainable;
+    for (auto& p : params_[I])
+      if (p.requires_grad()) trainable.push_back(p);
+    if (trainable.empty() || S::frozen) return;
+    using O = typename S::optimizer;
+    if constexpr (std::is_same_v<O, SGD>) {
+      optimizers_[I] = std::make_unique<torch::optim::SGD>(
+          trainable, torch::optim::SGDOptions(o_.lr.peak).momentum(o_.momentum).weight_decay(o_.weight_decay));
+    } else if constexpr (std::is_same_v<O, AdamW8bit>) {
+      throw config_error("mpx: stage " + std::to_string(I) + " asks for mpx::AdamW8bit, which this build's runtime does not "
+                         "have yet; use mpx::Optimizer<mpx::AdamW> for now");
+    } else {  // AdamW, also the default for a trainable stage without an Optimizer policy
+      optimizers_[I] = std::make_unique<torch::optim::AdamW>(
+          trainable, torch::optim::AdamWOptions(o_.lr.peak).betas({o_.beta1, o_.beta2}).eps(o_.eps).weight_decay(o_.weight_decay));
+    }
+  }
+
+  template <class Mod>
+  static torch::nn::Module& impl(Mod& m)
+  {
+    if constexpr (requires { m.ptr(); }) return *m.ptr();
+    else return m;
+  }
+
+  /// Runs stage s's forward on a list of input tensors.
+  template <std::size_t... I>
+  std::vector<at::Tensor> forward(int s, const std::vector<at::Tensor>& in, const Batch& b, std::index_sequence<I...>)
+  {
+    std::vector<at::Tensor> out;
+    ((int(I) == s ? (out = forward_one<int(I)>(in, b), 0) : 0), ...);
+    return out;
+  }
+  template <int I>
+  std::vector<at::Tensor> forward_one(const std::vector<at::Tensor>& in, const Batch& b)
+  {
+    using In = typename P::template input_of<I>;
+    auto& m = *std::get<I>(modules_);
+    In x = detail::unflatten<In>(in);
+    if constexpr (requires { m->forward(x, b); }) return detail::flatten(m->forward(x, b));
+    else if constexpr (requires { m->forward(x); }) return detail::flatten(m->forward(x));
+    else if constexpr (requires { m.forward(x, b); }) return detail::flatten(m.forward(x, b));
+    else return detail::flatten(m.forward(x));
+  }
+
+  int rank_of_stage(int s) const { return P::slots[s]; }
+  at::ScalarType wire_dtype(int s) const
+  {
+    at::ScalarType w = at::kFloat;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((int(I) == s ? (w = wire_of<int(I)>(), 0) : 0), ...);
+    }(std::make_index_sequence<N>{});
+    return w;
+  }
+  template <int I>
+  static at::ScalarType wire_of()
+  {
+    using Wt = typename P::template stage<I>::wire;
+    if constexpr (std::is_same_v<Wt, BF16>) return at::kBFloat16;
+    else if constexpr (std::is_same_v<Wt, FP16>) return at::kHalf;
+    else return at::kFloat;
+  }
+
+  std::string context(Action a, std::size_t k) const
+  {
+    std::string peer;
+    if (a.op == Op::F || a.op == Op::RecvF) peer = a.stage > 0 ? std::to_string(w_.rank_of(w_.replica, rank_of_stage(a.stage - 1))) : "";
+    if (a.op == Op::SendF || a.op == Op::RecvB || a.op == Op::B || a.op == Op::I)
+      peer = a.stage + 1 < N ? std::to_string(w_.rank_of(w_.replica, rank_of_stage(a.stage + 1))) : "";
+    if (a.op == Op::SendB) peer = std::to_string(w_.rank_of(w_.replica, rank_of_stage(a.stage - 1)));
+    return "mpx: rank " + std::to_string(w_.env.rank) + " (slot " + std::to_string(w_.slot) + ", replica " +
+           std::to_string(w_.replica) + "), step " + std::to_string(step_) + ", action " + std::to_string(k) + " " +
+           op_name(a.op) + std::to_string(a.mb) + " of stage " + std::to_string(a.stage) +
+           (peer.empty() ? std::string() : ", peer rank " + peer);
+  }
+
+  void run(Action a, const std::vector<Batch>& mbs, std::vector<PendingSend>& sends, std::vector<int>& backward_left,
+           double& loss_sum)
+  {
+    const int s = a.stage, mb = int(a.mb);
+    MicroState& st = state_[std::size_t(s) * M + std::size_t(mb)];
+    const std::string tag = op_name(a.op) + std::to_string(mb) + " of stage " + std::to_string(s);
+    switch (a.op) {
+      case Op::RecvF:
+        st.recv_f = post_recv(w_.pp, rank_of_stage(s - 1), 2 * (s - 1), tag + " from slot " + std::to_string(rank_of_stage(s - 1)));
+        break;
+      case Op::RecvB:
+        st.recv_b = post_recv(w_.pp, rank_of_stage(s + 1), 2 * s + 1, tag + " from slot " + std::to_string(rank_of_stage(s + 1)));
+        break;
+      case Op::F: {
+        if (s == 0) {
+          st.inputs = detail::flatten(input_(mbs[std::size_t(mb)]));
+          for (auto& x : st.inputs) x = x.to(w_.device);
+        } else {
+          Expect e{s, mb, false, names_[std::size_t(s)], {}, boundaries_[std::size_t(s)]};
+          st.inputs = finish_recv(w_.pp, *st.recv_f, e, w_.timeout);
+          st.recv_f.reset();
+          for (auto& x : st.inputs)
+            if (x.defined()) {
+              const bool g = x.requires_grad();
+              x = x.to(w_.device).detach().requires_grad_(g);
+            }
+        }
+        torch::AutoGradMode enable(true);
+        st.outputs = forward(s, st.inputs, mbs[std::size_t(mb)], std::make_index_sequence<N>{});
+        if (s == N - 1) {
+          st.loss = loss_(detail::unflatten<Output>(st.outputs), mbs[std::size_t(mb)]) / double(M);
+          loss_sum += st.loss.template item<double>();
+        }
+        break;
+      }
+      case Op::SendF:
+        sends.push_back(send_tensors(w_.pp, rank_of_stage(s + 1), 2 * s, s + 1, mb, false, st.outputs, wire_dtype(s),
+                                     tag + " to slot " + std::to_string(rank_of_stage(s + 1))));
+        break;
+      case Op::B:
+      case Op::I: {
+        std::vector<at::Tensor> outs, grads;
+        if (s == N - 1) {
+          outs = {st.loss};
+          grads = {torch::ones_like(st.loss)};
+        } else {
+          Expect e{s + 1, mb, true, names_[std::size_t(s + 1)], st.outputs, "gradients"};
+          auto g = finish_recv(w_.pp, *st.recv_b, e, w_.timeout);
+          st.recv_b.reset();
+          for (std::size_t i = 0; i < st.outputs.size() && i < g.size(); ++i)
+            if (g[i].defined() && st.outputs[i].requires_grad()) {
+              outs.push_back(st.outputs[i]);
+              grads.push_back(g[i].to(w_.device).to(st.outputs[i].scalar_type()));
+            }
+        }
+        std::vector<at::Tensor> need;  // inputs that want a gradient
+        for (auto& x : st.inputs)
+          if (x.defined() && x.requires_grad()) need.push_back(x);
+        st.input_grads.assign(st.inputs.size(), at::Tensor());
+        if (!outs.empty()) {
+          if (a.op == Op::B) {
+            torch::autograd::backward(outs, grads);
+            for (std::size_t i = 0; i < st.inputs.size(); ++i)
+              if (st.inputs[i].defined() && st.inputs[i].requires_grad()) st.input_grads[i] = st.inputs[i].grad();
+          } else if (!need.empty()) {  // I: input gradients only; keep the graph for W
+            auto gi = torch::autograd::grad(outs, need, grads, /*retain_graph=*/true, /*create_graph=*/false, /*allow_unused=*/true);
+            std::size_t j = 0;
+            for (std::size_t i = 0; i < st.inputs.size(); ++i)
+              if (st.inputs[i].defined() && st.inputs[i].requires_grad()) st.input_grads[i] = gi[j++];
+          }
+        }
+        if (a.op == Op::I) {
+          st.outputs = outs;
+          st.grads = grads;
+        } else {
+          finished_backward(s, backward_left);
+          st.outputs.clear();
+          st.loss = at::Tensor();
+        }
+        break;
+      }
+      case Op::W: {
+        std::vector<at::Tensor> trainable;
+        for (auto& p : params_[std::size_t(s)])
+          if (p.requires_grad()) trainable.push_back(p);
+        if (!st.outputs.empty() && !trainable.empty())
+          torch::autograd::backward(st.outputs, st.grads, /*retain_graph=*/false, /*create_graph=*/false, trainable);
+        st.outputs.clear();
+        st.grads.clear();
+        st.loss = at::Tensor();
+        finished_backward(s, backward_left);
+        break;
+      }
+      case Op::SendB:
+        sends.push_back(send_tensors(w_.pp, rank_of_stage(s - 1), 2 * (s - 1) + 1, s, mb, true, st.input_grads, wire_dtype(s - 1),
+                                     tag + " to slot " + std::to_string(rank_of_stage(s - 1))));
+        st.inputs.clear();
+        st.input_grads.clear();
+        break;
+    }
+    if (a.op == Op::B || a.op == Op::W) {
+      if (s == 0) st.inputs.clear();
+    }
+  }
+
+  // ---- data parallelism: one all-reduce per bucket, started when the stage's last backward is done
+  struct Bucket
+  {
+    std::vector<at::Tensor> params;
+    at::Tensor flat;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::vector<Bucket> buckets_;
+
+  void finished_backward(int s, std::vector<int>& left)
+  {
+    if (--left[std::size_t(s)] != 0 || w_.replicas == 1) return;
+    std::vector<at::Tensor> group;
+    std::size_t bytes = 0;
+    auto flush = [&] {
+      if (group.empty()) return;
+      std::vector<at::Tensor> gs;
+      for (auto& p : group) gs.push_back(p.grad().defined() ? p.grad().reshape(-1) : torch::zeros({p.numel()}, p.options()));
+      Bucket b{group, torch::cat(gs), {}};
+      std::vector<at::Tensor> v{b.flat};
+      b.work = w_.dp->allreduce(v);
+      buckets_.push_back(std::move(b));
+      group.clear();
+      bytes = 0;
+    };
+    for (auto& p : params_[std::size_t(s)]) {
+      if (!p.requires_grad()) continue;
+      group.push_back(p);
+      bytes += std::size_t(p.numel()) * p.element_size();
+      if (bytes >= o_.bucket_bytes) flush();
+    }
+    flush();
+  }
+
+  void finish_data_parallel()
+  {
+    for (auto& b : buckets_) {
+      b.work->wait(w_.timeout);
+      b.flat.div_(double(w_.replicas));
+      std::int64_t off = 0;
+      for (auto& p : b.params) {
+        auto g = b.flat.narrow(0, off, p.numel()).view_as(p);
+        if (p.grad().defined()) p.mutable_grad().copy_(g);
+        else p.mutable_grad() = g.clone();
+        off += p.numel();
+      }
+    }
+    buckets_.clear();
+  }
+
+  /// Global gradient norm over every stage (each counted once) and, if clipping, the scaling.
+  double clip()
+  {
+    auto sq = torch::zeros({1}, torch::kDouble);
+    for (int s = 0; s < N; ++s)
+      if (mine_[std::size_t(s)])
+        for (auto& p : params_[std::size_t(s)])
+          if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum();
+    std::vector<at::Tensor> v{sq};
+    w_.pp->allreduce(v)->wait(w_.timeout);  // replicas hold equal gradients after the all-reduce
+    const double norm = std::sqrt(sq.template item<double>());
+    if (o_.clip_norm > 0 && norm > o_.clip_norm) {
+      const double c = o_.clip_norm / (norm + 1e-6);
+      for (int s = 0; s < N; ++s)
+        if (mine_[std::size_t(s)])
+          for (auto& p : params_[std::size_t(s)])
+            if (p.grad().defined()) p.mutable_grad().mul_(c);
+    }
+    return norm;
+  }
+
+  World& w_;
+  InputFn input_;
+  LossFn loss_;
+  TrainOptions o_;
+  Modules modules_;
+  std::vector<bool> mine_;
+  std::vector<std::vector<at::Tensor>> params_;
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers_;
+  std::vector<std::vector<std::string>> names_;  // field names of each stage's input boundary
+  std::vector<std::string> boundaries_;           // and its type's name
+  std::vector<Action> actions_;
+  std::vector<MicroState> state_;
+  std::vector<Event> events_;
+  double expected_bubble_ = 0;
+  long step_ = 0;
+  StepStats last_;
+};
+
+}  // namespace mpx

@@ -1,0 +1,238 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file runtime/wire.hpp
+/// What crosses a stage boundary, and how. A boundary value (a tensor, or a Hana struct of tensors) is sent
+/// as one fixed-size header — stage, micro-batch, and per field its dtype, whether it carries a gradient,
+/// and its shape — then one message per tensor. Headers and payloads travel on separate tags of the
+/// channel, so receives posted ahead never meet the wrong message (Gloo matches by source and tag, first
+/// in first out, and a receive buffer smaller than the message kills the process). A header that breaks
+/// the declared boundary (field count, stage, micro-batch, or a gradient whose shape is not its
+/// activation's) is an error naming stage, field and both shapes — never truncation or a hang.
+
+#include <mpx/boundary.hpp>        // mpx::detail::is_hana_struct
+#include <mpx/runtime/errors.hpp>  // mpx::peer_error
+#include <mpx/runtime/world.hpp>   // mpx::ProcessGroupPtr
+#include <mpx/torch/tensor.hpp>    // at::Tensor as TensorLike
+
+#include <boost/hana/accessors.hpp>  // boost::hana::accessors
+#include <boost/hana/for_each.hpp>   // boost::hana::for_each
+#include <torch/torch.h>             // torch::empty
+
+#include <chrono>   // std::chrono::milliseconds
+#include <sstream>  // std::ostringstream
+#include <string>   // std::string
+#include <vector>   // std::vector
+
+namespace mpx
+{
+
+namespace detail
+{
+inline constexpr int max_fields = 16;
+inline constexpr int max_dims = 8;
+inline constexpr int header_fixed = 5;   // magic, stage, mb, fields, kind (0 activation, 1 gradient)
+inline constexpr int header_per_field = 4 + max_dims;  // dtype (-1: absent), wire dtype, requires_grad, ndim, dims
+inline constexpr int header_size = header_fixed + max_fields * header_per_field;
+inline constexpr std::int64_t header_magic = 0x6d70780001;  // "mpx" v1
+
+/// Tags: two per channel (header, payload); channel 2*b+d carries direction d across boundary b.
+inline int header_tag(int channel) { return 2 * channel; }
+inline int payload_tag(int channel) { return 2 * channel + 1; }
+
+/// A boundary value as a list of tensors, in member order.
+template <class T>
+std::vector<at::Tensor> flatten(const T& v)
+{
+  if constexpr (std::is_same_v<std::remove_cvref_t<T>, at::Tensor>) {
+    return {v};
+  } else {
+    std::vector<at::Tensor> out;
+    boost::hana::for_each(boost::hana::accessors<T>(), [&](auto p) { out.push_back(boost::hana::second(p)(v)); });
+    return out;
+  }
+}
+
+/// The inverse of `flatten`.
+template <class T>
+T unflatten(const std::vector<at::Tensor>& ts)
+{
+  if constexpr (std::is_same_v<std::remove_cvref_t<T>, at::Tensor>) {
+    return ts.at(0);
+  } else {
+    T v{};
+    std::size_t i = 0;
+    boost::hana::for_each(boost::hana::accessors<T>(), [&](auto p) { boost::hana::second(p)(v) = ts.at(i++); });
+    return v;
+  }
+}
+
+/// Member names of a boundary type, for error messages.
+template <class T>
+std::vector<std::string> field_names()
+{
+  if constexpr (std::is_same_v<std::remove_cvref_t<T>, at::Tensor>) {
+    return {"tensor"};
+  } else {
+    std::vector<std::string> out;
+    boost::hana::for_each(boost::hana::accessors<T>(), [&](auto p) {
+      out.emplace_back(std::remove_cvref_t<decltype(boost::hana::first(p))>::c_str());
+    });
+    return out;
+  }
+}
+
+inline std::string shape_text(at::IntArrayRef s)
+{
+  std::ostringstream o;
+  o << "[";
+  for (std::size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  return o.str() + "]";
+}
+}  // namespace detail
+
+/// The sending side of one message: keeps its buffers alive until every send has completed.
+struct PendingSend
+{
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<at::Tensor> keep;
+  std::string what;  ///< "SF3 of stage 1 to rank 2", for errors
+};
+
+/// Sends a list of tensors (a boundary value or its gradients) as header + payloads. `stage` is the stage
+/// whose input the message is (the consumer for activations, the producer for gradients). `present[i] == false`
+/// marks a field without a gradient: header only. `wire` (kFloat when none) is the dtype floating tensors
+/// travel in (WireCompression).
+inline PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int stage, int mb, bool gradient,
+                                const std::vector<at::Tensor>& ts, at::ScalarType wire, std::string what)
+{
+  using namespace detail;
+  if (ts.size() > std::size_t(max_fields))
+    throw config_error("mpx: a boundary has " + std::to_string(ts.size()) + " fields, more than the " +
+                       std::to_string(max_fields) + " the wire header holds; group them into fewer tensors");
+  PendingSend p;
+  p.what = std::move(what);
+  auto h = torch::zeros({header_size}, torch::kLong);
+  auto* hp = h.data_ptr<std::int64_t>();
+  hp[0] = header_magic;
+  hp[1] = stage;
+  hp[2] = mb;
+  hp[3] = static_cast<std::int64_t>(ts.size());
+  hp[4] = gradient ? 1 : 0;
+  std::vector<at::Tensor> payload;
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    std::int64_t* f = hp + header_fixed + i * header_per_field;
+    const at::Tensor& t = ts[i];
+    if (!t.defined()) {
+      f[0] = -1;
+      continue;
+    }
+    if (t.dim() > max_dims)
+      throw config_error("mpx: field " + std::to_string(i) + " of stage " + std::to_string(stage) + "'s boundary has " +
+                         std::to_string(t.dim()) + " dims, more than " + std::to_string(max_dims) + "; reshape it");
+    at::Tensor x = t.detach();
+    if (wire != at::kFloat && x.is_floating_point() && x.scalar_type() != wire) x = x.to(wire);
+    x = x.contiguous().cpu();
+    f[0] = static_cast<std::int64_t>(t.scalar_type());
+    f[1] = static_cast<std::int64_t>(x.scalar_type());
+    f[2] = t.requires_grad() ? 1 : 0;
+    f[3] = t.dim();
+    for (int d = 0; d < t.dim(); ++d) f[4 + d] = t.size(d);
+    payload.push_back(x);
+  }
+  std::vector<at::Tensor> hv{h};
+  p.works.push_back(pg->send(hv, dst, header_tag(channel)));
+  p.keep.push_back(h);
+  for (auto& x : payload) {
+    if (x.numel() == 0) continue;
+    std::vector<at::Tensor> v{x};
+    p.works.push_back(pg->send(v, dst, payload_tag(channel)));
+    p.keep.push_back(x);
+  }
+  return p;
+}
+
+/// The receiving side of one message: the header receive is posted at once; `finish` waits for it,
+/// checks it, then receives the payloads.
+struct PendingRecv
+{
+  c10::intrusive_ptr<c10d::Work> header_work;
+  at::Tensor header;
+  int src = -1;
+  int channel = 0;
+  std::string what;  ///< "RF3 of stage 1 from rank 0", for errors
+};
+
+inline PendingRecv post_recv(ProcessGroupPtr& pg, int src, int channel, std::string what)
+{
+  PendingRecv r;
+  r.header = torch::zeros({detail::header_size}, torch::kLong);
+  std::vector<at::Tensor> v{r.header};
+  r.header_work = pg->recv(v, src, detail::header_tag(channel));
+  r.src = src;
+  r.channel = channel;
+  r.what = std::move(what);
+  return r;
+}
+
+/// What a receive must carry, checked against its header.
+struct Expect
+{
+  int stage = 0;
+  int mb = 0;
+  bool gradient = false;
+  std::vector<std::string> names;           ///< field names of the boundary type
+  std::vector<at::Tensor> like;             ///< for gradients: the activations sent, whose shapes must match
+  std::string boundary;                     ///< the boundary type's name
+};
+
+/// Waits for the header, checks it, receives the payloads. Returns one tensor per field (undefined for
+/// fields without gradient), in their original dtype, with requires_grad as the sender had it.
+inline std::vector<at::Tensor> finish_recv(ProcessGroupPtr& pg, PendingRecv& r, const Expect& e,
+                                           std::chrono::milliseconds timeout)
+{
+  using namespace detail;
+  auto fail = [&](const std::string& msg) { throw peer_error("mpx: " + r.what + ": " + msg); };
+  r.header_work->wait(timeout);
+  const auto* hp = r.header.data_ptr<std::int64_t>();
+  if (hp[0] != header_magic) fail("the message is not an mpx boundary header (peer runs another protocol version?)");
+  if (hp[1] != e.stage || hp[2] != e.mb || hp[4] != (e.gradient ? 1 : 0))
+    fail("received " + std::string(hp[4] ? "gradients" : "activations") + " of stage " + std::to_string(hp[1]) +
+         ", micro-batch " + std::to_string(hp[2]) + " where the schedule expects " + (e.gradient ? "gradients" : "activations") +
+         " of stage " + std::to_string(e.stage) + ", micro-batch " + std::to_string(e.mb) + " (ranks run different tables?)");
+  const auto n = static_cast<std::size_t>(hp[3]);
+  if (n != e.names.size())
+    fail("the boundary " + e.boundary + " of stage " + std::to_string(e.stage) + " has " + std::to_string(e.names.size()) +
+         " fields but the message has " + std::to_string(n));
+  std::vector<at::Tensor> out(n), buf(n);
+  std::vector<bool> grad(n, false);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t* f = hp + header_fixed + i * header_per_field;
+    if (f[0] < 0) continue;  // no gradient for this field
+    if (f[3] < 0 || f[3] > max_dims) fail("field '" + e.names[i] + "' has an invalid rank " + std::to_string(f[3]));
+    std::vector<std::int64_t> shape(f + 4, f + 4 + f[3]);
+    for (auto d : shape)
+      if (d < 0) fail("field '" + e.names[i] + "' has a negative extent in " + shape_text(shape));
+    if (e.gradient && i < e.like.size() && e.like[i].defined() && e.like[i].sizes() != at::IntArrayRef(shape))
+      fail("the gradient of field '" + e.names[i] + "' of stage " + std::to_string(e.stage) + " has shape " +
+           shape_text(shape) + " but the activation sent had shape " + shape_text(e.like[i].sizes()));
+    out[i] = torch::empty(shape, torch::TensorOptions().dtype(static_cast<at::ScalarType>(f[0])));
+    buf[i] = f[1] == f[0] ? out[i] : torch::empty(shape, torch::TensorOptions().dtype(static_cast<at::ScalarType>(f[1])));
+    grad[i] = f[2] != 0;
+  }
+  // payloads, in field order, all posted before waiting on any
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!buf[i].defined() || buf[i].numel() == 0) continue;
+    std::vector<at::Tensor> v{buf[i]};
+    works.push_back(pg->recv(v, r.src, payload_tag(r.channel)));
+  }
+  for (auto& w : works) w->wait(timeout);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!out[i].defined()) continue;
+    if (buf[i].data_ptr() != out[i].data_ptr()) out[i].copy_(buf[i]);
+    if (grad[i] && out[i].is_floating_point()) out[i].requires_grad_(true);
+  }
+  return out;
+}
+
+}  // namespace mpx

@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+// One rank of the runtime tests: trains a scenario's pipeline for a few steps, prints every step's loss
+// ("loss <step> <value>") and saves the parameters of its stages to <out>/stage<s>.pt.
+//   mpx.tests.runtime_rank <scenario> <out-dir> [kill-rank kill-step]
+#include "scenarios.hpp"
+
+#include <cstdio>
+#include <iostream>
+
+namespace
+{
+template <class P>
+int train(const std::string& out, int kill_rank, int kill_step, std::chrono::milliseconds timeout = std::chrono::seconds(30))
+{
+  const auto env = mpx::read_env();
+  mpx::WorldOptions wo;
+  wo.timeout = timeout;
+  auto world = mpx::make_world<P>(env, wo);
+  auto make = [](auto stage) {
+    using S = typename P::template stage<decltype(stage)::value>;
+    torch::manual_seed(100 + decltype(stage)::value);
+    return tiny::Model(scenario::config, S::layer_begin, S::layer_end == mpx::to_end ? scenario::config.layers : S::layer_end);
+  };
+  mpx::Trainer<P, tiny::Batch> trainer(world, make, [](const tiny::Batch& b) { return b.tokens; }, tiny::loss,
+                                       scenario::options());
+  for (long step = 0; step < scenario::steps; ++step) {
+    if (env.rank == kill_rank && step == kill_step) {
+      std::cerr << "rank " << env.rank << " dies now (test)\n";
+      std::fflush(nullptr);
+      ::_exit(3);
+    }
+    auto batch = tiny::make_batch(scenario::config, scenario::rows_per_replica, step, world.replica, world.replicas);
+    const auto st = trainer.step(mpx::split_microbatches(batch, P::num_microbatches));
+    if (env.rank == 0) std::printf("loss %ld %.17g\n", step, st.loss);
+  }
+  if (world.replica == 0)
+    for (int s = 0; s < P::num_stages; ++s)
+      if (trainer.holds(s)) torch::save(trainer.parameters(s), out + "/stage" + std::to_string(s) + ".pt");
+  if (env.rank == 0) std::printf("bubble expected %.4f measured %.4f\n", trainer.expected_bubble(), trainer.measured_bubble());
+  return 0;
+}
+
+int run(const std::string& name, const std::string& out, int kill_rank, int kill_step)
+{
+  using namespace scenario;
+  if (name == "p2-gpipe") return train<P2<mpx::GPipe>>(out, kill_rank, kill_step);
+  if (name == "p2-1f1b") return train<P2<mpx::OneFOneB>>(out, kill_rank, kill_step);
+  if (name == "p2-zbh1") return train<P2<mpx::ZBH1>>(out, kill_rank, kill_step);
+  if (name == "p3-gpipe") return train<P3<mpx::GPipe>>(out, kill_rank, kill_step);
+  if (name == "p3-1f1b") return train<P3<mpx::OneFOneB>>(out, kill_rank, kill_step);
+  if (name == "p3-zbh1") return train<P3<mpx::ZBH1>>(out, kill_rank, kill_step);
+  if (name == "p4-gpipe") return train<P4<mpx::GPipe>>(out, kill_rank, kill_step);
+  if (name == "p4-1f1b") return train<P4<mpx::OneFOneB>>(out, kill_rank, kill_step);
+  if (name == "p4-zbh1") return train<P4<mpx::ZBH1>>(out, kill_rank, kill_step);
+  if (name == "p2x2-interleaved") return train<P2x2>(out, kill_rank, kill_step);
+  if (name == "p3x2-interleaved") return train<P3x2>(out, kill_rank, kill_step);
+  if (name == "dp2-p2-1f1b") return train<P2<mpx::OneFOneB>>(out, kill_rank, kill_step);
+  // start-up errors
+  if (name == "mismatch") {  // rank 1 is built with another micro-batch count
+    if (mpx::read_env().rank == 1) return train<P2<mpx::OneFOneB, 2>>(out, -1, -1);
+    return train<P2<mpx::OneFOneB, 4>>(out, -1, -1);
+  }
+  if (name == "gpu") return train<PGpu>(out, -1, -1);
+  if (name == "kill") return train<P3<mpx::OneFOneB>>(out, kill_rank, kill_step, std::chrono::seconds(10));
+  std::cerr << "unknown scenario " << name << "\n";
+  return 2;
+}
+}  // namespace
+
+int main(int argc, char** argv)
+{
+  if (argc < 3) {
+    std::cerr << "usage: " << argv[0] << " <scenario> <out-dir> [kill-rank kill-step]\n";
+    return 2;
+  }
+  try {
+    return run(argv[1], argv[2], argc > 4 ? std::atoi(argv[3]) : -1, argc > 4 ? std::atoi(argv[4]) : -1);
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
+  }
+}

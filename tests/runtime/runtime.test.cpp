@@ -1,0 +1,202 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests for the distributed runtime (mpx/runtime/*): real processes on loopback train the scenarios of
+// scenarios.hpp; every step's loss and every final parameter must match single-process training of the
+// same model on the same data. Start-up errors and a killed rank must end every rank with a clear error.
+#include "support/catch.hpp"
+#include "support/spawn.hpp"
+#include "scenarios.hpp"
+
+#include <filesystem>
+#include <sstream>
+
+namespace
+{
+struct Reference
+{
+  std::vector<double> losses;
+  std::vector<std::vector<at::Tensor>> params;  // per stage
+};
+
+/// The same model, data and optimizer in one process: every stage chained, micro-batch after micro-batch.
+Reference reference(const scenario::Spec& s)
+{
+  const auto opt = scenario::options();
+  std::vector<tiny::Model> stages;
+  std::vector<std::unique_ptr<torch::optim::AdamW>> optimizers;
+  for (std::size_t i = 0; i < s.ranges.size(); ++i) {
+    torch::manual_seed(100 + int(i));
+    stages.emplace_back(scenario::config, s.ranges[i].first, s.ranges[i].second);
+    optimizers.push_back(std::make_unique<torch::optim::AdamW>(
+        stages.back()->parameters(),
+        torch::optim::AdamWOptions(opt.lr.peak).betas({opt.beta1, opt.beta2}).eps(opt.eps).weight_decay(opt.weight_decay)));
+  }
+  Reference ref;
+  for (long step = 0; step < scenario::steps; ++step) {
+    // The gradient of the global batch's mean loss, summed replica slice by replica slice (the sum the
+    // data-parallel all-reduce forms; with AdamW a different summation order would move the parameters
+    // whose exact gradient is zero, such as attention key biases, by rounding noise).
+    double total = 0;
+    std::vector<std::vector<at::Tensor>> partial;
+    for (int r = 0; r < s.replicas; ++r) {
+      auto batch = tiny::make_batch(scenario::config, scenario::rows_per_replica, step, r, s.replicas);
+      for (auto& mb : mpx::split_microbatches(batch, s.microbatches)) {
+        auto x = mb.tokens;
+        for (auto& st : stages) x = st->forward(x);
+        auto loss = tiny::loss(x, mb) / double(s.microbatches * s.replicas);
+        loss.backward();
+        total += loss.item<double>();
+      }
+      partial.emplace_back();
+      for (auto& st : stages)
+        for (auto& p : st->parameters()) {
+          partial.back().push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+          p.mutable_grad() = at::Tensor();
+        }
+    }
+    {
+      std::size_t k = 0;
+      for (auto& st : stages)
+        for (auto& p : st->parameters()) {
+          at::Tensor g = partial[0][k].clone();
+          for (std::size_t r = 1; r < partial.size(); ++r) g += partial[r][k];
+          p.mutable_grad() = g;
+          ++k;
+        }
+    }
+    double sq = 0;
+    for (auto& st : stages)
+      for (auto& p : st->parameters())
+        if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+    const double norm = std::sqrt(sq);
+    if (norm > opt.clip_norm)
+      for (auto& st : stages)
+        for (auto& p : st->parameters())
+          if (p.grad().defined()) p.mutable_grad().mul_(opt.clip_norm / (norm + 1e-6));
+    for (auto& o : optimizers) {
+      for (auto& g : o->param_groups()) g.options().set_lr(opt.lr(step));
+      o->step();
+    }
+    for (auto& st : stages)
+      for (auto& p : st->parameters()) p.mutable_grad() = at::Tensor();
+    ref.losses.push_back(total);
+  }
+  for (auto& st : stages) ref.params.push_back(st->parameters());
+  return ref;
+}
+
+std::string all_output(const std::vector<test::RankResult>& rs)
+{
+  std::ostringstream o;
+  for (std::size_t r = 0; r < rs.size(); ++r) o << "---- rank " << r << " (exit " << rs[r].code << ")\n" << rs[r].output;
+  return o.str();
+}
+
+std::vector<double> losses_of(const std::string& out)
+{
+  std::vector<double> v;
+  std::istringstream in(out);
+  std::string word;
+  long step;
+  double x;
+  while (in >> word)
+    if (word == "loss" && in >> step >> x) v.push_back(x);
+  return v;
+}
+
+double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
+
+void check_parity(const std::string& name)
+{
+  const scenario::Spec* spec = nullptr;
+  for (auto& s : scenario::specs())
+    if (s.name == name) spec = &s;
+  REQUIRE(spec != nullptr);
+  const std::string dir = "/tmp/mpx-parity-" + name + "-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  auto res = test::spawn(spec->world, {MPX_RANK_EXE, name, dir}, std::chrono::seconds(240));
+  INFO(all_output(res));
+  for (auto& r : res) REQUIRE(r.code == 0);
+  const auto ref = reference(*spec);
+  const auto got = losses_of(res[0].output);
+  REQUIRE(got.size() == ref.losses.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i, got[i], ref.losses[i]);
+    CHECK(rel(got[i], ref.losses[i]) < 1e-5);
+  }
+  for (std::size_t s = 0; s < spec->ranges.size(); ++s) {
+    std::vector<at::Tensor> mine;
+    torch::load(mine, dir + "/stage" + std::to_string(s) + ".pt");
+    REQUIRE(mine.size() == ref.params[s].size());
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const double scale = ref.params[s][i].abs().max().item<double>();
+      const double diff = (mine[i] - ref.params[s][i]).abs().max().item<double>();
+      CAPTURE(s, i, diff, scale);
+      CHECK(diff <= 1e-5 * std::max(scale, 1e-3));
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+}  // namespace
+
+TEST_CASE("2 stages GPipe match one process", "[runtime][parity]") { check_parity("p2-gpipe"); }
+TEST_CASE("2 stages 1F1B match one process", "[runtime][parity]") { check_parity("p2-1f1b"); }
+TEST_CASE("2 stages ZB-H1 match one process", "[runtime][parity]") { check_parity("p2-zbh1"); }
+TEST_CASE("3 stages GPipe match one process", "[runtime][parity]") { check_parity("p3-gpipe"); }
+TEST_CASE("3 stages 1F1B match one process", "[runtime][parity]") { check_parity("p3-1f1b"); }
+TEST_CASE("3 stages ZB-H1 match one process", "[runtime][parity]") { check_parity("p3-zbh1"); }
+TEST_CASE("4 stages GPipe match one process", "[runtime][parity]") { check_parity("p4-gpipe"); }
+TEST_CASE("4 stages 1F1B match one process", "[runtime][parity]") { check_parity("p4-1f1b"); }
+TEST_CASE("4 stages ZB-H1 match one process", "[runtime][parity]") { check_parity("p4-zbh1"); }
+TEST_CASE("2 slots x 2 chunks interleaved 1F1B match one process", "[runtime][parity]") { check_parity("p2x2-interleaved"); }
+TEST_CASE("3 slots x 2 chunks interleaved 1F1B match one process", "[runtime][parity]") { check_parity("p3x2-interleaved"); }
+TEST_CASE("2 replicas x 2 slots match one process with the same global batch", "[runtime][parity]") { check_parity("dp2-p2-1f1b"); }
+
+TEST_CASE("WORLD_SIZE not a multiple of the slots stops every rank naming the fix", "[runtime][errors]")
+{
+  auto res = test::spawn(3, {MPX_RANK_EXE, "p2-1f1b", "/tmp"}, std::chrono::seconds(60));
+  INFO(all_output(res));
+  for (auto& r : res) {
+    CHECK(r.code == 1);
+    CHECK(r.output.find("WORLD_SIZE (3) is not a multiple of the pipeline's slots (2)") != std::string::npos);
+  }
+}
+
+TEST_CASE("Ranks built from different pipelines stop before the first step", "[runtime][errors]")
+{
+  auto res = test::spawn(2, {MPX_RANK_EXE, "mismatch", "/tmp"}, std::chrono::seconds(60));
+  INFO(all_output(res));
+  for (auto& r : res) {
+    CHECK(r.code == 1);
+    CHECK(r.output.find("run a different pipeline") != std::string::npos);
+  }
+}
+
+TEST_CASE("GPU stages without CUDA stop with a message naming the fix", "[runtime][errors]")
+{
+  if (torch::cuda::is_available()) {
+    WARN("CUDA is available here: nothing to test");
+    return;
+  }
+  auto res = test::spawn(2, {MPX_RANK_EXE, "gpu", "/tmp"}, std::chrono::seconds(60));
+  INFO(all_output(res));
+  for (auto& r : res) {
+    CHECK(r.code == 1);
+    CHECK(r.output.find("has GPU stages but this machine has no CUDA device") != std::string::npos);
+  }
+}
+
+TEST_CASE("A killed rank ends the survivors with an error naming rank step action and peer", "[runtime][errors]")
+{
+  // 3 stages; rank 1 dies at the start of step 2. The message timeout is 10 s.
+  auto res = test::spawn(3, {MPX_RANK_EXE, "kill", "/tmp", "1", "2"}, std::chrono::seconds(90));
+  INFO(all_output(res));
+  CHECK(res[1].code == 3);
+  for (int r : {0, 2}) {
+    CAPTURE(r);
+    CHECK(res[std::size_t(r)].code == 1);
+    CHECK(res[std::size_t(r)].seconds < 45);
+    CHECK(res[std::size_t(r)].output.find("step 2") != std::string::npos);
+    CHECK(res[std::size_t(r)].output.find("peer rank 1") != std::string::npos);
+    CHECK(res[std::size_t(r)].output.find("action") != std::string::npos);
+  }
+}

@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// The pipelines the runtime tests train, shared by the rank program (rank_main.cpp) and the test driver
+/// (runtime.test.cpp), which trains the same model in one process as the reference.
+
+#include "support/tiny_transformer.hpp"
+
+#include <mpx/mpx.hpp>
+
+#include <string>
+#include <vector>
+
+namespace scenario
+{
+using mpx::CPU;
+using mpx::Layers;
+using mpx::Microbatches;
+using mpx::Schedule;
+using mpx::Stage;
+using tiny::Model;
+
+template <class Sched, int M = 4>
+using P2 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 3>>, Stage<Model, CPU<1>, Layers<3, 6>>, Schedule<Sched>,
+                         Microbatches<M>, mpx::Batch<tiny::Batch>>;
+template <class Sched>
+using P3 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 2>>, Stage<Model, CPU<1>, Layers<2, 4>>,
+                         Stage<Model, CPU<2>, Layers<4, 6>>, Schedule<Sched>, Microbatches<4>, mpx::Batch<tiny::Batch>>;
+template <class Sched>
+using P4 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 1>>, Stage<Model, CPU<1>, Layers<1, 3>>,
+                         Stage<Model, CPU<2>, Layers<3, 5>>, Stage<Model, CPU<3>, Layers<5, 6>>, Schedule<Sched>,
+                         Microbatches<4>, mpx::Batch<tiny::Batch>>;
+/// Interleaved: 2 slots x 2 chunks.
+using P2x2 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 1>>, Stage<Model, CPU<1>, Layers<1, 3>>,
+                           Stage<Model, CPU<0>, Layers<3, 4>>, Stage<Model, CPU<1>, Layers<4, 6>>,
+                           Schedule<mpx::Interleaved1F1B>, Microbatches<4>, mpx::Batch<tiny::Batch>>;
+/// Interleaved: 3 slots x 2 chunks.
+using P3x2 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 1>>, Stage<Model, CPU<1>, Layers<1, 2>>,
+                           Stage<Model, CPU<2>, Layers<2, 3>>, Stage<Model, CPU<0>, Layers<3, 4>>,
+                           Stage<Model, CPU<1>, Layers<4, 5>>, Stage<Model, CPU<2>, Layers<5, 6>>,
+                           Schedule<mpx::Interleaved1F1B>, Microbatches<6>, mpx::Batch<tiny::Batch>>;
+/// GPU-tagged, for the no-CUDA start-up error.
+using PGpu = mpx::Pipeline<Stage<Model, mpx::GPU<0>, Layers<0, 3>>, Stage<Model, mpx::GPU<1>, Layers<3, 6>>,
+                           Microbatches<2>, mpx::Batch<tiny::Batch>>;
+
+/// One parity scenario: how many ranks, replicas and micro-batches, and the layer range of each stage.
+struct Spec
+{
+  std::string name;
+  int world = 2;
+  int replicas = 1;
+  int microbatches = 4;
+  std::vector<std::pair<int, int>> ranges;
+};
+
+inline const std::vector<Spec>& specs()
+{
+  static const std::vector<Spec> s = {
+      {"p2-gpipe", 2, 1, 4, {{0, 3}, {3, 6}}},
+      {"p2-1f1b", 2, 1, 4, {{0, 3}, {3, 6}}},
+      {"p2-zbh1", 2, 1, 4, {{0, 3}, {3, 6}}},
+      {"p3-gpipe", 3, 1, 4, {{0, 2}, {2, 4}, {4, 6}}},
+      {"p3-1f1b", 3, 1, 4, {{0, 2}, {2, 4}, {4, 6}}},
+      {"p3-zbh1", 3, 1, 4, {{0, 2}, {2, 4}, {4, 6}}},
+      {"p4-gpipe", 4, 1, 4, {{0, 1}, {1, 3}, {3, 5}, {5, 6}}},
+      {"p4-1f1b", 4, 1, 4, {{0, 1}, {1, 3}, {3, 5}, {5, 6}}},
+      {"p4-zbh1", 4, 1, 4, {{0, 1}, {1, 3}, {3, 5}, {5, 6}}},
+      {"p2x2-interleaved", 2, 1, 4, {{0, 1}, {1, 3}, {3, 4}, {4, 6}}},
+      {"p3x2-interleaved", 3, 1, 6, {{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 5}, {5, 6}}},
+      {"dp2-p2-1f1b", 4, 2, 4, {{0, 3}, {3, 6}}},
+  };
+  return s;
+}
+
+inline constexpr int rows_per_replica = 12;  // batch rows per replica per step (divisible by 4 and 6)
+inline constexpr int steps = 5;
+inline const tiny::Config config{};
+
+inline mpx::TrainOptions options()
+{
+  mpx::TrainOptions o;
+  o.lr = mpx::WarmupCosine{1e-2, 2, 5, 0.1};
+  o.weight_decay = 0.01;
+  o.clip_norm = 1.0;
+  return o;
+}
+}  // namespace scenario

@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: Apache-2.0
+// mpxrun: starts the ranks of an mpx program without Python (torchrun's variables, one process per rank).
+//   mpxrun --nproc-per-node N [--nnodes K --node-rank R --master-addr A --master-port P] prog args...
+#include <mpx/runtime/launch.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+int main(int argc, char** argv)
+{
+  CLI::App app{"mpxrun: start the ranks of an mpx program (torchrun-compatible environment)"};
+  mpx::LaunchOptions o;
+  std::vector<std::string> command;
+  long grace_ms = 5000;
+  bool no_prefix = false;
+  app.add_option("--nproc-per-node", o.nproc_per_node, "ranks on this node")->required()->check(CLI::PositiveNumber);
+  app.add_option("--nnodes", o.nnodes, "nodes in the job")->check(CLI::PositiveNumber);
+  app.add_option("--node-rank", o.node_rank, "this node's index")->check(CLI::NonNegativeNumber);
+  app.add_option("--master-addr", o.master_addr, "address of rank 0's node");
+  app.add_option("--master-port", o.master_port, "port of the rendezvous store (default: a free one, single node)");
+  app.add_option("--grace-ms", grace_ms, "after a failure, milliseconds between SIGTERM and SIGKILL");
+  app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with the rank");
+  app.add_option("command", command, "program and its arguments")->required();
+  app.prefix_command();  // everything after the program belongs to it
+  CLI11_PARSE(app, argc, argv);
+  for (const auto& extra : app.remaining()) command.push_back(extra);
+  o.grace = std::chrono::milliseconds(grace_ms);
+  o.prefix_output = !no_prefix;
+  try {
+    return mpx::launch(o, command);
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
+}
