@@ -21,10 +21,13 @@ int main(int argc, char** argv)
   app.add_option("--master-port", o.master_port, "port of the rendezvous store (default: a free one, single node)");
   app.add_option("--grace-ms", grace_ms, "after a failure, milliseconds between SIGTERM and SIGKILL");
   app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with the rank");
-  app.add_option("command", command, "program and its arguments")->required();
-  app.prefix_command();  // everything after the program belongs to it
+  app.prefix_command();  // the first positional argument and everything after it: the program and its arguments
   CLI11_PARSE(app, argc, argv);
-  for (const auto& extra : app.remaining()) command.push_back(extra);
+  command = app.remaining();
+  if (command.empty()) {
+    std::cerr << "mpxrun: no program given\n" << app.help();
+    return 2;
+  }
   o.grace = std::chrono::milliseconds(grace_ms);
   o.prefix_output = !no_prefix;
   try {

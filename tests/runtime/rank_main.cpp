@@ -21,8 +21,10 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
     torch::manual_seed(100 + decltype(stage)::value);
     return tiny::Model(scenario::config, S::layer_begin, S::layer_end == mpx::to_end ? scenario::config.layers : S::layer_end);
   };
-  mpx::Trainer<P, tiny::Batch> trainer(world, make, [](const tiny::Batch& b) { return b.tokens; }, tiny::loss,
-                                       scenario::options());
+  auto options = scenario::options();
+  const char* trace = std::getenv("MPX_TEST_TRACE");
+  options.trace = trace != nullptr;
+  mpx::Trainer<P, tiny::Batch> trainer(world, make, [](const tiny::Batch& b) { return b.tokens; }, tiny::loss, options);
   for (long step = 0; step < scenario::steps; ++step) {
     if (env.rank == kill_rank && step == kill_step) {
       std::cerr << "rank " << env.rank << " dies now (test)\n";
@@ -37,6 +39,8 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
     for (int s = 0; s < P::num_stages; ++s)
       if (trainer.holds(s)) torch::save(trainer.parameters(s), out + "/stage" + std::to_string(s) + ".pt");
   if (env.rank == 0) std::printf("bubble expected %.4f measured %.4f\n", trainer.expected_bubble(), trainer.measured_bubble());
+  std::fflush(stdout);
+  if (trace) trainer.write_trace(trace);
   return 0;
 }
 

@@ -7,6 +7,9 @@
 #include "scenarios.hpp"
 
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 namespace
@@ -199,4 +202,25 @@ TEST_CASE("A killed rank ends the survivors with an error naming rank step actio
     CHECK(res[std::size_t(r)].output.find("peer rank 1") != std::string::npos);
     CHECK(res[std::size_t(r)].output.find("action") != std::string::npos);
   }
+}
+
+TEST_CASE("Rank 0 writes one Chrome trace of every rank and prints the measured bubble", "[runtime][trace]")
+{
+  const std::string path = "/tmp/mpx-trace-" + std::to_string(::getpid()) + ".json";
+  auto res = test::spawn(2, {MPX_RANK_EXE, "p2-1f1b", "/tmp"}, std::chrono::seconds(120), {{"MPX_TEST_TRACE", path}});
+  INFO(all_output(res));
+  for (auto& r : res) REQUIRE(r.code == 0);
+  CHECK(res[0].output.find("mpx: bubble of step 4: measured ") != std::string::npos);
+  CHECK(res[0].output.find("expected 20% (1F1B, p = 2, m = 4)") != std::string::npos);
+  std::ifstream f(path);
+  const auto j = nlohmann::json::parse(f);
+  int computes[2] = {0, 0};
+  for (auto& e : j["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    CHECK(e["dur"].get<long>() >= 0);
+    if (e["cat"] == "compute") ++computes[e["tid"].get<int>()];
+  }
+  CHECK(computes[0] == 8);  // F and B of 4 micro-batches
+  CHECK(computes[1] == 8);
+  std::remove(path.c_str());
 }

@@ -27,6 +27,7 @@
 
 #include <chrono>      // std::chrono::steady_clock
 #include <fstream>     // std::ofstream
+#include <iostream>    // std::cout
 #include <functional>  // std::function
 #include <memory>      // std::unique_ptr
 #include <optional>    // std::optional
@@ -184,10 +185,13 @@ class Trainer
   /// Measured idle fraction of the last step on this rank: 1 - compute / wall.
   double measured_bubble() const { return last_.seconds > 0 ? 1.0 - last_.compute_seconds / last_.seconds : 0.0; }
 
-  /// Writes the last step's actions of every rank as one Chrome trace (open in Perfetto); a collective
-  /// over the world: every rank calls it, rank 0 writes `path`.
-  void write_trace(const std::string& path)
+  /// Writes the last step's actions of every rank as one Chrome trace (open in Perfetto) and, on rank 0,
+  /// prints the measured bubble (mean over ranks) next to the schedule's expected one. A collective over
+  /// the world: every rank calls it; rank 0 writes `path` and returns the measured mean (others: their own).
+  /// Needs `TrainOptions::trace`.
+  double write_trace(const std::string& path, std::ostream& log = std::cout)
   {
+    if (!o_.trace) throw config_error("mpx::Trainer::write_trace: set TrainOptions::trace = true to record the actions");
     nlohmann::json mine = nlohmann::json::array();
     for (auto& e : events_) {
       std::string name = std::string(op_name(e.a.op)) + std::to_string(e.a.mb);
@@ -196,19 +200,26 @@ class Trainer
                       {"args", {{"stage", e.a.stage}, {"mb", e.a.mb}}}});
     }
     const std::string key = "mpx/trace/" + std::to_string(step_) + "/" + std::to_string(w_.env.rank);
-    const std::string text = mine.dump();
+    const std::string text = nlohmann::json{{"events", mine}, {"bubble", measured_bubble()}}.dump();
     w_.store->set(key, std::vector<uint8_t>(text.begin(), text.end()));
-    if (w_.env.rank != 0) return;
+    if (w_.env.rank != 0) return measured_bubble();
     nlohmann::json all = {{"traceEvents", nlohmann::json::array()}, {"displayTimeUnit", "ms"}};
+    double bubble = 0;
     for (int r = 0; r < w_.env.world_size; ++r) {
       const std::string k = "mpx/trace/" + std::to_string(step_) + "/" + std::to_string(r);
       w_.store->wait({k}, w_.timeout);
       auto bytes = w_.store->get(k);
-      for (auto& ev : nlohmann::json::parse(std::string(bytes.begin(), bytes.end()))) all["traceEvents"].push_back(ev);
+      auto got = nlohmann::json::parse(std::string(bytes.begin(), bytes.end()));
+      bubble += got["bubble"].template get<double>() / w_.env.world_size;
+      for (auto& ev : got["events"]) all["traceEvents"].push_back(ev);
       all["traceEvents"].push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r / w_.slots}, {"tid", r},
                                     {"args", {{"name", "rank " + std::to_string(r) + " (slot " + std::to_string(r % w_.slots) + ")"}}}});
     }
     std::ofstream(path) << all.dump(1);
+    log << "mpx: bubble of step " << step_ - 1 << ": measured " << int(bubble * 1000 + 0.5) / 10.0 << "% (mean over ranks), "
+        << "expected " << int(expected_bubble_ * 1000 + 0.5) / 10.0 << "% (" << P::schedule::name << ", p = " << P::num_slots
+        << ", m = " << M << "); trace: " << path << "\n";
+    return bubble;
   }
 
  private:
