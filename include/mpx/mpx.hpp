@@ -3,7 +3,7 @@
 /// @file mpx.hpp
 /// Everything: the compile-time layer (core.hpp), the LibTorch glue (mpx/torch/) and the runtime.
 
-#include <mpx/core.hpp>         // the compile-time layer
-#include <mpx/torch/blas.hpp>   // mpx::check_blas
-#include <mpx/runtime.hpp>      // mpx::make_world, mpx::Trainer, mpx::launch
-#include <mpx/torch/tensor.hpp> // at::Tensor as mpx::TensorLike
+#include <mpx/core.hpp>          // the compile-time layer
+#include <mpx/runtime.hpp>       // mpx::make_world, mpx::Trainer, mpx::launch
+#include <mpx/torch/blas.hpp>    // mpx::check_blas
+#include <mpx/torch/tensor.hpp>  // at::Tensor as mpx::TensorLike

@@ -155,21 +155,26 @@ class Trainer
       }
     StepStats st;
     finish_data_parallel();
-    st.grad_norm = clip();
+    // one all-reduce over the world for the loss (last stage, mean over replicas) and the squared gradient
+    // norm (every stage once per replica; replicas hold equal gradients after the all-reduce above)
+    auto red = torch::zeros({2}, torch::kDouble);
+    red[0] = mine_[N - 1] ? loss_sum / w_.replicas : 0.0;
+    red[1] = local_grad_sq() / w_.replicas;
+    std::vector<at::Tensor> rv{red};
+    w_.world->allreduce(rv)->wait(w_.timeout);
+    st.loss = red[0].template item<double>();
+    st.grad_norm = std::sqrt(red[1].template item<double>());
+    clip(st.grad_norm);
     st.lr = o_.lr(step_);
     for (auto& opt : optimizers_) {
       if (!opt) continue;
       for (auto& g : opt->param_groups()) g.options().set_lr(st.lr);
       opt->step();
     }
-    for (int s = 0; s < N; ++s)
+    for (int s = 0; s < N; ++s)  // zero in place: the next backward accumulates into warm buffers
       if (mine_[s])
-        for (auto& p : params_[s]) p.mutable_grad() = at::Tensor();
-    // mean loss over all replicas, known to every rank
-    auto l = torch::full({1}, mine_[N - 1] ? loss_sum / w_.replicas : 0.0, torch::kDouble);
-    std::vector<at::Tensor> lv{l};
-    w_.world->allreduce(lv)->wait(w_.timeout);
-    st.loss = l.template item<double>();
+        for (auto& p : params_[s])
+          if (p.grad().defined()) p.mutable_grad().zero_();
     st.seconds = seconds(clock::now() - t0);
     st.compute_seconds = compute;
     last_ = st;
@@ -233,7 +238,7 @@ class Trainer
   {
     std::vector<at::Tensor> inputs, outputs, grads, input_grads;
     at::Tensor loss;
-    std::optional<PendingRecv> recv_f, recv_b;
+    std::unique_ptr<PendingRecv> recv_f, recv_b;  // not movable: the receiver thread points at them
   };
 
   template <class Make, std::size_t... I>
@@ -344,18 +349,26 @@ class Trainer
     const std::string tag = op_name(a.op) + std::to_string(mb) + " of stage " + std::to_string(s);
     switch (a.op) {
       case Op::RecvF:
-        st.recv_f = post_recv(w_.pp, rank_of_stage(s - 1), 2 * (s - 1), tag + " from slot " + std::to_string(rank_of_stage(s - 1)));
+        st.recv_f = std::make_unique<PendingRecv>();
+        post_recv(*st.recv_f, w_.pp, rank_of_stage(s - 1), 2 * (s - 1),
+                  Expect{s, mb, false, names_[std::size_t(s)], boundaries_[std::size_t(s)]},
+                  tag + " from slot " + std::to_string(rank_of_stage(s - 1)));
+        receiver_->add(&*st.recv_f);
         break;
       case Op::RecvB:
-        st.recv_b = post_recv(w_.pp, rank_of_stage(s + 1), 2 * s + 1, tag + " from slot " + std::to_string(rank_of_stage(s + 1)));
+        st.recv_b = std::make_unique<PendingRecv>();
+        post_recv(*st.recv_b, w_.pp, rank_of_stage(s + 1), 2 * s + 1,
+                  Expect{s + 1, mb, true, names_[std::size_t(s + 1)], "gradients of " + boundaries_[std::size_t(s + 1)]},
+                  tag + " from slot " + std::to_string(rank_of_stage(s + 1)));
+        receiver_->add(&*st.recv_b);
         break;
       case Op::F: {
         if (s == 0) {
           st.inputs = detail::flatten(input_(mbs[std::size_t(mb)]));
           for (auto& x : st.inputs) x = x.to(w_.device);
         } else {
-          Expect e{s, mb, false, names_[std::size_t(s)], {}, boundaries_[std::size_t(s)]};
-          st.inputs = finish_recv(w_.pp, *st.recv_f, e, w_.timeout);
+          receiver_->await(*st.recv_f);
+          st.inputs = finish_recv(w_.pp, *st.recv_f, w_.timeout);
           st.recv_f.reset();
           for (auto& x : st.inputs)
             if (x.defined()) {
@@ -382,8 +395,8 @@ class Trainer
           outs = {st.loss};
           grads = {torch::ones_like(st.loss)};
         } else {
-          Expect e{s + 1, mb, true, names_[std::size_t(s + 1)], st.outputs, "gradients"};
-          auto g = finish_recv(w_.pp, *st.recv_b, e, w_.timeout);
+          receiver_->await(*st.recv_b);
+          auto g = finish_recv(w_.pp, *st.recv_b, w_.timeout, st.outputs);
           st.recv_b.reset();
           for (std::size_t i = 0; i < st.outputs.size() && i < g.size(); ++i)
             if (g[i].defined() && st.outputs[i].requires_grad()) {
@@ -491,25 +504,29 @@ class Trainer
     buckets_.clear();
   }
 
-  /// Global gradient norm over every stage (each counted once) and, if clipping, the scaling.
-  double clip()
+  /// Sum of squares of this rank's gradients.
+  double local_grad_sq() const
   {
-    auto sq = torch::zeros({1}, torch::kDouble);
+    double sq = 0;
     for (int s = 0; s < N; ++s)
       if (mine_[std::size_t(s)])
         for (auto& p : params_[std::size_t(s)])
-          if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum();
-    std::vector<at::Tensor> v{sq};
-    w_.pp->allreduce(v)->wait(w_.timeout);  // replicas hold equal gradients after the all-reduce
-    const double norm = std::sqrt(sq.template item<double>());
-    if (o_.clip_norm > 0 && norm > o_.clip_norm) {
-      const double c = o_.clip_norm / (norm + 1e-6);
-      for (int s = 0; s < N; ++s)
-        if (mine_[std::size_t(s)])
-          for (auto& p : params_[std::size_t(s)])
-            if (p.grad().defined()) p.mutable_grad().mul_(c);
-    }
-    return norm;
+          if (p.grad().defined()) {
+            const double n = p.grad().norm().template item<double>();  // fp32 reduction, summed in double
+            sq += n * n;
+          }
+    return sq;
+  }
+
+  /// Scales every gradient so that the global norm is at most `clip_norm` (when clipping is on).
+  void clip(double norm)
+  {
+    if (o_.clip_norm <= 0 || norm <= o_.clip_norm) return;
+    const double c = o_.clip_norm / (norm + 1e-6);
+    for (int s = 0; s < N; ++s)
+      if (mine_[std::size_t(s)])
+        for (auto& p : params_[std::size_t(s)])
+          if (p.grad().defined()) p.mutable_grad().mul_(c);
   }
 
   World& w_;
@@ -524,6 +541,7 @@ class Trainer
   std::vector<std::string> boundaries_;           // and its type's name
   std::vector<Action> actions_;
   std::vector<MicroState> state_;
+  std::unique_ptr<Receiver> receiver_ = std::make_unique<Receiver>(w_.pp, w_.timeout);  // after state_: stops first
   std::vector<Event> events_;
   double expected_bubble_ = 0;
   long step_ = 0;

@@ -18,7 +18,13 @@
 #include <boost/hana/for_each.hpp>   // boost::hana::for_each
 #include <torch/torch.h>             // torch::empty
 
-#include <chrono>   // std::chrono::milliseconds
+#include <atomic>              // std::atomic
+#include <chrono>              // std::chrono::milliseconds
+#include <condition_variable>  // std::condition_variable
+#include <deque>               // std::deque
+#include <exception>           // std::exception_ptr
+#include <mutex>               // std::mutex
+#include <thread>              // std::thread
 #include <sstream>  // std::ostringstream
 #include <string>   // std::string
 #include <vector>   // std::vector
@@ -151,48 +157,53 @@ inline PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int s
   return p;
 }
 
-/// The receiving side of one message: the header receive is posted at once; `finish` waits for it,
-/// checks it, then receives the payloads.
-struct PendingRecv
-{
-  c10::intrusive_ptr<c10d::Work> header_work;
-  at::Tensor header;
-  int src = -1;
-  int channel = 0;
-  std::string what;  ///< "RF3 of stage 1 from rank 0", for errors
-};
-
-inline PendingRecv post_recv(ProcessGroupPtr& pg, int src, int channel, std::string what)
-{
-  PendingRecv r;
-  r.header = torch::zeros({detail::header_size}, torch::kLong);
-  std::vector<at::Tensor> v{r.header};
-  r.header_work = pg->recv(v, src, detail::header_tag(channel));
-  r.src = src;
-  r.channel = channel;
-  r.what = std::move(what);
-  return r;
-}
-
 /// What a receive must carry, checked against its header.
 struct Expect
 {
   int stage = 0;
   int mb = 0;
   bool gradient = false;
-  std::vector<std::string> names;           ///< field names of the boundary type
-  std::vector<at::Tensor> like;             ///< for gradients: the activations sent, whose shapes must match
-  std::string boundary;                     ///< the boundary type's name
+  std::vector<std::string> names;  ///< field names of the boundary type
+  std::string boundary;            ///< the boundary type's name
 };
 
-/// Waits for the header, checks it, receives the payloads. Returns one tensor per field (undefined for
-/// fields without gradient), in their original dtype, with requires_grad as the sender had it.
-inline std::vector<at::Tensor> finish_recv(ProcessGroupPtr& pg, PendingRecv& r, const Expect& e,
-                                           std::chrono::milliseconds timeout)
+/// The receiving side of one message. The header receive is posted at once; a `Receiver` thread posts the
+/// payload receives as soon as the header is there, so payloads flow while the rank computes;
+/// `finish_recv` waits for whatever is missing.
+struct PendingRecv
 {
-  using namespace detail;
+  c10::intrusive_ptr<c10d::Work> header_work;
+  at::Tensor header;
+  int src = -1;
+  int channel = 0;
+  Expect expect;
+  std::string what;  ///< "RF3 of stage 1 from slot 0", for errors
+  std::atomic<bool> payload_posted{false};
+  std::exception_ptr error;  ///< set by a receiver thread that failed to advance it
+  std::vector<at::Tensor> out, buf;
+  std::vector<bool> grad;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+};
+
+/// Posts the header receive of a message into `r`.
+inline void post_recv(PendingRecv& r, ProcessGroupPtr& pg, int src, int channel, Expect e, std::string what)
+{
+  r.header = torch::zeros({detail::header_size}, torch::kLong);
+  std::vector<at::Tensor> v{r.header};
+  r.src = src;
+  r.channel = channel;
+  r.expect = std::move(e);
+  r.what = std::move(what);
+  r.header_work = pg->recv(v, src, detail::header_tag(channel));
+}
+
+namespace detail
+{
+/// Checks the (arrived) header and posts the payload receives.
+inline void post_payloads(ProcessGroupPtr& pg, PendingRecv& r)
+{
+  const Expect& e = r.expect;
   auto fail = [&](const std::string& msg) { throw peer_error("mpx: " + r.what + ": " + msg); };
-  r.header_work->wait(timeout);
   const auto* hp = r.header.data_ptr<std::int64_t>();
   if (hp[0] != header_magic) fail("the message is not an mpx boundary header (peer runs another protocol version?)");
   if (hp[1] != e.stage || hp[2] != e.mb || hp[4] != (e.gradient ? 1 : 0))
@@ -203,8 +214,9 @@ inline std::vector<at::Tensor> finish_recv(ProcessGroupPtr& pg, PendingRecv& r, 
   if (n != e.names.size())
     fail("the boundary " + e.boundary + " of stage " + std::to_string(e.stage) + " has " + std::to_string(e.names.size()) +
          " fields but the message has " + std::to_string(n));
-  std::vector<at::Tensor> out(n), buf(n);
-  std::vector<bool> grad(n, false);
+  r.out.assign(n, at::Tensor());
+  r.buf.assign(n, at::Tensor());
+  r.grad.assign(n, false);
   for (std::size_t i = 0; i < n; ++i) {
     const std::int64_t* f = hp + header_fixed + i * header_per_field;
     if (f[0] < 0) continue;  // no gradient for this field
@@ -212,27 +224,112 @@ inline std::vector<at::Tensor> finish_recv(ProcessGroupPtr& pg, PendingRecv& r, 
     std::vector<std::int64_t> shape(f + 4, f + 4 + f[3]);
     for (auto d : shape)
       if (d < 0) fail("field '" + e.names[i] + "' has a negative extent in " + shape_text(shape));
-    if (e.gradient && i < e.like.size() && e.like[i].defined() && e.like[i].sizes() != at::IntArrayRef(shape))
-      fail("the gradient of field '" + e.names[i] + "' of stage " + std::to_string(e.stage) + " has shape " +
-           shape_text(shape) + " but the activation sent had shape " + shape_text(e.like[i].sizes()));
-    out[i] = torch::empty(shape, torch::TensorOptions().dtype(static_cast<at::ScalarType>(f[0])));
-    buf[i] = f[1] == f[0] ? out[i] : torch::empty(shape, torch::TensorOptions().dtype(static_cast<at::ScalarType>(f[1])));
-    grad[i] = f[2] != 0;
+    r.out[i] = torch::empty(shape, torch::TensorOptions().dtype(static_cast<at::ScalarType>(f[0])));
+    r.buf[i] = f[1] == f[0] ? r.out[i] : torch::empty(shape, torch::TensorOptions().dtype(static_cast<at::ScalarType>(f[1])));
+    r.grad[i] = f[2] != 0;
   }
-  // payloads, in field order, all posted before waiting on any
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!buf[i].defined() || buf[i].numel() == 0) continue;
-    std::vector<at::Tensor> v{buf[i]};
-    works.push_back(pg->recv(v, r.src, payload_tag(r.channel)));
+  for (std::size_t i = 0; i < n; ++i) {  // payloads in field order, all posted before any is waited on
+    if (!r.buf[i].defined() || r.buf[i].numel() == 0) continue;
+    std::vector<at::Tensor> v{r.buf[i]};
+    r.works.push_back(pg->recv(v, r.src, payload_tag(r.channel)));
   }
-  for (auto& w : works) w->wait(timeout);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!out[i].defined()) continue;
-    if (buf[i].data_ptr() != out[i].data_ptr()) out[i].copy_(buf[i]);
-    if (grad[i] && out[i].is_floating_point()) out[i].requires_grad_(true);
+  r.payload_posted.store(true, std::memory_order_release);
+}
+}  // namespace detail
+
+/// A thread that posts payload receives the moment their header arrives, so that payloads flow while the
+/// rank computes (a Gloo send completes only once its receive is posted). Receives are advanced in the
+/// order they were posted, which is the order the schedule consumes them. Every wait has the timeout, so a
+/// dead or silent peer fails the receive (and whoever awaits it) instead of hanging.
+class Receiver
+{
+ public:
+  Receiver(ProcessGroupPtr pg, std::chrono::milliseconds timeout) : pg_(std::move(pg)), timeout_(timeout), thread_([this] { loop(); }) {}
+  ~Receiver()
+  {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
   }
-  return out;
+  Receiver(const Receiver&) = delete;
+  Receiver& operator=(const Receiver&) = delete;
+
+  void add(PendingRecv* r)
+  {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      queue_.push_back(r);
+    }
+    cv_.notify_all();
+  }
+  /// Blocks until `r`'s payloads are posted; rethrows its failure (the thread's wait has the timeout).
+  void await(PendingRecv& r)
+  {
+    std::unique_lock<std::mutex> l(m_);
+    done_.wait(l, [&] { return r.payload_posted.load() || r.error; });
+    if (r.error) std::rethrow_exception(r.error);
+  }
+ private:
+  void loop()
+  {
+    std::unique_lock<std::mutex> l(m_);
+    while (true) {
+      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      PendingRecv* r = queue_.front();
+      l.unlock();
+      try {
+        // Gloo's receive work completes only inside wait(), so this thread blocks here, not the compute
+        r->header_work->wait(timeout_);
+        detail::post_payloads(pg_, *r);  // its last act publishes the payloads; r is not touched after
+      } catch (...) {
+        l.lock();
+        r->error = std::current_exception();
+        queue_.pop_front();
+        done_.notify_all();
+        continue;
+      }
+      l.lock();
+      queue_.pop_front();
+      done_.notify_all();
+    }
+  }
+
+  ProcessGroupPtr pg_;
+  std::chrono::milliseconds timeout_;
+  std::mutex m_;
+  std::condition_variable cv_, done_;
+  std::deque<PendingRecv*> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+/// Waits for the header (if needed: without a Receiver) and the payloads. Returns one tensor per field (undefined for fields
+/// without gradient), in the sender's dtype, with requires_grad as the sender had it. For gradients,
+/// `like` are the activations sent: each gradient's shape must be its activation's.
+inline std::vector<at::Tensor> finish_recv(ProcessGroupPtr& pg, PendingRecv& r, std::chrono::milliseconds timeout,
+                                           const std::vector<at::Tensor>& like = {})
+{
+  using namespace detail;
+  if (r.error) std::rethrow_exception(r.error);
+  if (!r.payload_posted.load(std::memory_order_acquire)) {
+    r.header_work->wait(timeout);
+    post_payloads(pg, r);
+  }
+  for (auto& w : r.works) w->wait(timeout);
+  for (std::size_t i = 0; i < r.out.size(); ++i) {
+    if (!r.out[i].defined()) continue;
+    if (r.expect.gradient && i < like.size() && like[i].defined() && like[i].sizes() != r.out[i].sizes())
+      throw peer_error("mpx: " + r.what + ": the gradient of field '" + r.expect.names[i] + "' of stage " +
+                       std::to_string(r.expect.stage) + " has shape " + shape_text(r.out[i].sizes()) +
+                       " but the activation sent had shape " + shape_text(like[i].sizes()));
+    if (r.buf[i].data_ptr() != r.out[i].data_ptr()) r.out[i].copy_(r.buf[i]);
+    if (r.grad[i] && r.out[i].is_floating_point()) r.out[i].requires_grad_(true);
+  }
+  return std::move(r.out);
 }
 
 }  // namespace mpx

@@ -17,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // c10d::ProcessGroupGloo
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>          // c10d::TCPStore
 #include <torch/cuda.h>                                       // torch::cuda::device_count
+#include <torch/torch.h>                                      // torch::Device, torch::full
 #include <torch/version.h>                                    // TORCH_VERSION_MAJOR
 #if defined(USE_C10D_NCCL)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>  // c10d::ProcessGroupNCCL

@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The benchmark model: a stack of Linear + GELU layers of equal cost, so pipeline stages are balanced.
+#include <torch/torch.h>
+
+namespace bench
+{
+constexpr int dim = 1024;           // hidden size
+constexpr int layers_total = 8;     // layers of the whole model
+constexpr int rows_per_mb = 64;     // rows of one micro-batch
+constexpr int microbatches = 8;
+
+struct StackImpl : torch::nn::Module
+{
+  StackImpl(int layers)
+  {
+    for (int i = 0; i < layers; ++i) fcs->push_back(torch::nn::Linear(dim, dim));
+    register_module("fcs", fcs);
+  }
+  torch::Tensor forward(torch::Tensor x)
+  {
+    for (auto& m : *fcs) x = torch::gelu(m->as<torch::nn::LinearImpl>()->forward(x));
+    return x;
+  }
+  torch::nn::ModuleList fcs;
+};
+TORCH_MODULE(Stack);
+
+inline torch::Tensor batch(long step) { return torch::randn({rows_per_mb * microbatches, dim}, at::make_generator<at::CPUGeneratorImpl>(step)); }
+inline torch::Tensor loss(const torch::Tensor& y, const torch::Tensor&) { return y.pow(2).mean(); }
+}  // namespace bench

@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0
+// Runtime benchmark: one training step of a balanced 8-layer model, as
+//   single          one rank running the whole model, micro-batch after micro-batch;
+//   mpx <schedule>  two CPU ranks, one stage each (interleaved: two chunks each), under mpx::Trainer.
+// One intra-op thread per rank. Prints "result <mode> <median seconds per step>" on rank 0.
+//   pipeline_bench single|gpipe|1f1b|zbh1|interleaved [steps]
+#include "model.hpp"
+
+#include <mpx/mpx.hpp>
+
+#include <algorithm>
+#include <cstdio>
+
+namespace
+{
+using namespace bench;
+template <class Sched>
+using P2 = mpx::Pipeline<mpx::Stage<Stack, mpx::CPU<0>, mpx::Optimizer<mpx::AdamW>>,
+                         mpx::Stage<Stack, mpx::CPU<1>, mpx::Optimizer<mpx::AdamW>>, mpx::Schedule<Sched>,
+                         mpx::Microbatches<microbatches>>;
+using P2x2 = mpx::Pipeline<mpx::Stage<Stack, mpx::CPU<0>>, mpx::Stage<Stack, mpx::CPU<1>>, mpx::Stage<Stack, mpx::CPU<0>>,
+                           mpx::Stage<Stack, mpx::CPU<1>>, mpx::Schedule<mpx::Interleaved1F1B>, mpx::Microbatches<microbatches>>;
+
+double median(std::vector<double> v)
+{
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int single(int steps)
+{
+  torch::manual_seed(0);
+  Stack model(layers_total);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-4));
+  std::vector<double> t;
+  for (int s = 0; s < steps + 2; ++s) {
+    auto b = batch(s);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& mb : b.chunk(microbatches)) (loss(model->forward(mb), mb) / double(microbatches)).backward();
+    opt.step();
+    opt.zero_grad();
+    if (s >= 2) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::printf("result single %.6f\n", median(t));
+  return 0;
+}
+
+template <class P>
+int pipelined(const char* name, int steps, int argc, char** argv)
+{
+  if (const int st = mpx::relaunch_self(P::num_slots, argc, argv); st >= 0) return st;
+  torch::set_num_threads(1);
+  auto env = mpx::read_env();
+  auto world = mpx::make_world<P>(env);
+  static constexpr int per_stage = layers_total / P::num_stages;
+  auto make = [](auto stage) {
+    torch::manual_seed(decltype(stage)::value);
+    return Stack(per_stage);
+  };
+  mpx::TrainOptions o;
+  o.lr = mpx::WarmupCosine{1e-4, 0, 1, 1.0};
+  mpx::Trainer<P, torch::Tensor> trainer(world, make, [](const torch::Tensor& x) { return x; }, loss, o);
+  std::vector<double> t;
+  for (int s = 0; s < steps + 2; ++s) {
+    auto st = trainer.step(mpx::split_microbatches(batch(s), microbatches));
+    if (s >= 2) t.push_back(st.seconds);
+  }
+  // the step time of the slowest rank
+  auto mx = torch::full({1}, median(t), torch::kDouble);
+  std::vector<at::Tensor> v{mx};
+  world.world->allreduce(v, {c10d::ReduceOp::MAX})->wait();
+  if (env.rank == 0) std::printf("result %s %.6f expected-bubble %.4f\n", name, mx.item<double>(), trainer.expected_bubble());
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv)
+{
+  torch::set_num_threads(1);
+  const std::string mode = argc > 1 ? argv[1] : "single";
+  const int steps = argc > 2 ? std::atoi(argv[2]) : 10;
+  try {
+    if (mode == "single") return single(steps);
+    if (mode == "gpipe") return pipelined<P2<mpx::GPipe>>("gpipe", steps, argc, argv);
+    if (mode == "1f1b") return pipelined<P2<mpx::OneFOneB>>("1f1b", steps, argc, argv);
+    if (mode == "zbh1") return pipelined<P2<mpx::ZBH1>>("zbh1", steps, argc, argv);
+    if (mode == "interleaved") return pipelined<P2x2>("interleaved", steps, argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+  return 2;
+}
