@@ -13,7 +13,11 @@ set(consumer ${MPX_SOURCE}/tests/install/consumer)
 if(MODE STREQUAL "find_package")
   run(${CMAKE_COMMAND} -S ${MPX_SOURCE} -B ${WORK}/mpx-build -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX}
       -DMPX_BUILD_TESTS=OFF -DMPX_BUILD_EXAMPLES=OFF -DMPX_BUILD_BENCHMARKS=OFF -DCMAKE_INSTALL_PREFIX=${WORK}/prefix)
+  run(${CMAKE_COMMAND} --build ${WORK}/mpx-build)  # mpxrun
   run(${CMAKE_COMMAND} --install ${WORK}/mpx-build)
+  if(NOT EXISTS ${WORK}/prefix/bin/mpxrun)
+    message(FATAL_ERROR "mpxrun was not installed")
+  endif()
   if(NOT EXISTS ${WORK}/prefix/include/mpx/pipeline.hpp)
     message(FATAL_ERROR "headers were not installed")
   endif()
