@@ -59,12 +59,18 @@ int pipelined(const char* name, int steps, int argc, char** argv)
   };
   mpx::TrainOptions o;
   o.lr = mpx::WarmupCosine{1e-4, 0, 1, 1.0};
+  const char* trace = std::getenv("MPX_BENCH_TRACE");  // write the last step's Chrome trace there
+  o.trace = trace != nullptr;
   mpx::Trainer<P, torch::Tensor> trainer(world, make, [](const torch::Tensor& x) { return x; }, loss, o);
   std::vector<double> t;
   for (int s = 0; s < steps + 2; ++s) {
     auto st = trainer.step(mpx::split_microbatches(batch(s), microbatches));
     if (s >= 2) t.push_back(st.seconds);
+    if (std::getenv("MPX_BENCH_VERBOSE"))
+      std::printf("rank %d step %d: %.1f ms = schedule %.1f (compute %.1f) + optimizer %.1f + rest\n", env.rank, s,
+                  st.seconds * 1e3, st.schedule_seconds * 1e3, st.compute_seconds * 1e3, st.optimizer_seconds * 1e3);
   }
+  if (trace) trainer.write_trace(trace);
   // the step time of the slowest rank
   auto mx = torch::full({1}, median(t), torch::kDouble);
   std::vector<at::Tensor> v{mx};

@@ -32,7 +32,7 @@ m=8; p=2
 {
   echo "# Pipeline throughput on CPU ranks"
   echo
-  echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB"
+  echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB"
   echo "- LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null), $(g++ --version | head -n 1), BLAS: $(readlink -f /etc/alternatives/libblas.so.3-x86_64-linux-gnu)"
   echo "- model: 8 x (Linear 1024x1024 + GELU), AdamW; one step = 8 micro-batches of 64 rows; p = 2 ranks, one intra-op thread each"
   echo "- each mode: median step time over $steps steps (after 2 warm-up steps); the table shows the median over $rounds alternating rounds"

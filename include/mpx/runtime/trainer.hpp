@@ -79,6 +79,8 @@ struct StepStats
   double lr = 0;
   double seconds = 0;         ///< wall time of the step on this rank
   double compute_seconds = 0; ///< time in forward/backward on this rank
+  double schedule_seconds = 0;  ///< time walking the schedule's actions (the rest: reductions, optimizer)
+  double optimizer_seconds = 0; ///< time in the optimizers' steps
 };
 
 template <PipelineType P, class Batch>
@@ -154,6 +156,7 @@ class Trainer
         }
       }
     StepStats st;
+    st.schedule_seconds = seconds(clock::now() - t0);
     finish_data_parallel();
     // one all-reduce over the world for the loss (last stage, mean over replicas) and the squared gradient
     // norm (every stage once per replica; replicas hold equal gradients after the all-reduce above)
@@ -166,11 +169,13 @@ class Trainer
     st.grad_norm = std::sqrt(red[1].template item<double>());
     clip(st.grad_norm);
     st.lr = o_.lr(step_);
+    const auto o0 = clock::now();
     for (auto& opt : optimizers_) {
       if (!opt) continue;
       for (auto& g : opt->param_groups()) g.options().set_lr(st.lr);
       opt->step();
     }
+    st.optimizer_seconds = seconds(clock::now() - o0);
     for (int s = 0; s < N; ++s)  // zero in place: the next backward accumulates into warm buffers
       if (mine_[s])
         for (auto& p : params_[s])
@@ -352,14 +357,14 @@ class Trainer
         st.recv_f = std::make_unique<PendingRecv>();
         post_recv(*st.recv_f, w_.pp, rank_of_stage(s - 1), 2 * (s - 1),
                   Expect{s, mb, false, names_[std::size_t(s)], boundaries_[std::size_t(s)]},
-                  tag + " from slot " + std::to_string(rank_of_stage(s - 1)));
+                  tag + " from slot " + std::to_string(rank_of_stage(s - 1)), w_.comm_device);
         receiver_->add(&*st.recv_f);
         break;
       case Op::RecvB:
         st.recv_b = std::make_unique<PendingRecv>();
         post_recv(*st.recv_b, w_.pp, rank_of_stage(s + 1), 2 * s + 1,
                   Expect{s + 1, mb, true, names_[std::size_t(s + 1)], "gradients of " + boundaries_[std::size_t(s + 1)]},
-                  tag + " from slot " + std::to_string(rank_of_stage(s + 1)));
+                  tag + " from slot " + std::to_string(rank_of_stage(s + 1)), w_.comm_device);
         receiver_->add(&*st.recv_b);
         break;
       case Op::F: {
@@ -386,7 +391,7 @@ class Trainer
       }
       case Op::SendF:
         sends.push_back(send_tensors(w_.pp, rank_of_stage(s + 1), 2 * s, s + 1, mb, false, st.outputs, wire_dtype(s),
-                                     tag + " to slot " + std::to_string(rank_of_stage(s + 1))));
+                                     tag + " to slot " + std::to_string(rank_of_stage(s + 1)), w_.comm_device));
         break;
       case Op::B:
       case Op::I: {
@@ -444,7 +449,7 @@ class Trainer
       }
       case Op::SendB:
         sends.push_back(send_tensors(w_.pp, rank_of_stage(s - 1), 2 * (s - 1) + 1, s, mb, true, st.input_grads, wire_dtype(s - 1),
-                                     tag + " to slot " + std::to_string(rank_of_stage(s - 1))));
+                                     tag + " to slot " + std::to_string(rank_of_stage(s - 1)), w_.comm_device));
         st.inputs.clear();
         st.input_grads.clear();
         break;

@@ -109,7 +109,8 @@ struct PendingSend
 /// marks a field without a gradient: header only. `wire` (kFloat when none) is the dtype floating tensors
 /// travel in (WireCompression).
 inline PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int stage, int mb, bool gradient,
-                                const std::vector<at::Tensor>& ts, at::ScalarType wire, std::string what)
+                                const std::vector<at::Tensor>& ts, at::ScalarType wire, std::string what,
+                                torch::Device comm = torch::kCPU)
 {
   using namespace detail;
   if (ts.size() > std::size_t(max_fields))
@@ -137,7 +138,7 @@ inline PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int s
                          std::to_string(t.dim()) + " dims, more than " + std::to_string(max_dims) + "; reshape it");
     at::Tensor x = t.detach();
     if (wire != at::kFloat && x.is_floating_point() && x.scalar_type() != wire) x = x.to(wire);
-    x = x.contiguous().cpu();
+    x = x.to(comm).contiguous();
     f[0] = static_cast<std::int64_t>(t.scalar_type());
     f[1] = static_cast<std::int64_t>(x.scalar_type());
     f[2] = t.requires_grad() ? 1 : 0;
@@ -145,6 +146,7 @@ inline PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int s
     for (int d = 0; d < t.dim(); ++d) f[4 + d] = t.size(d);
     payload.push_back(x);
   }
+  if (comm.type() != torch::kCPU) h = h.to(comm);  // NCCL sends device tensors only
   std::vector<at::Tensor> hv{h};
   p.works.push_back(pg->send(hv, dst, header_tag(channel)));
   p.keep.push_back(h);
@@ -183,12 +185,15 @@ struct PendingRecv
   std::vector<at::Tensor> out, buf;
   std::vector<bool> grad;
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  torch::Device comm{torch::kCPU};  ///< where the buffers live (the NCCL device, or CPU for Gloo)
 };
 
 /// Posts the header receive of a message into `r`.
-inline void post_recv(PendingRecv& r, ProcessGroupPtr& pg, int src, int channel, Expect e, std::string what)
+inline void post_recv(PendingRecv& r, ProcessGroupPtr& pg, int src, int channel, Expect e, std::string what,
+                      torch::Device comm = torch::kCPU)
 {
-  r.header = torch::zeros({detail::header_size}, torch::kLong);
+  r.comm = comm;
+  r.header = torch::zeros({detail::header_size}, torch::TensorOptions().dtype(torch::kLong).device(comm));
   std::vector<at::Tensor> v{r.header};
   r.src = src;
   r.channel = channel;
@@ -204,7 +209,8 @@ inline void post_payloads(ProcessGroupPtr& pg, PendingRecv& r)
 {
   const Expect& e = r.expect;
   auto fail = [&](const std::string& msg) { throw peer_error("mpx: " + r.what + ": " + msg); };
-  const auto* hp = r.header.data_ptr<std::int64_t>();
+  const at::Tensor host = r.header.cpu();
+  const auto* hp = host.data_ptr<std::int64_t>();
   if (hp[0] != header_magic) fail("the message is not an mpx boundary header (peer runs another protocol version?)");
   if (hp[1] != e.stage || hp[2] != e.mb || hp[4] != (e.gradient ? 1 : 0))
     fail("received " + std::string(hp[4] ? "gradients" : "activations") + " of stage " + std::to_string(hp[1]) +
@@ -224,8 +230,9 @@ inline void post_payloads(ProcessGroupPtr& pg, PendingRecv& r)
     std::vector<std::int64_t> shape(f + 4, f + 4 + f[3]);
     for (auto d : shape)
       if (d < 0) fail("field '" + e.names[i] + "' has a negative extent in " + shape_text(shape));
-    r.out[i] = torch::empty(shape, torch::TensorOptions().dtype(static_cast<at::ScalarType>(f[0])));
-    r.buf[i] = f[1] == f[0] ? r.out[i] : torch::empty(shape, torch::TensorOptions().dtype(static_cast<at::ScalarType>(f[1])));
+    r.out[i] = torch::empty(shape, torch::TensorOptions().dtype(static_cast<at::ScalarType>(f[0])).device(r.comm));
+    r.buf[i] = f[1] == f[0] ? r.out[i]
+                            : torch::empty(shape, torch::TensorOptions().dtype(static_cast<at::ScalarType>(f[1])).device(r.comm));
     r.grad[i] = f[2] != 0;
   }
   for (std::size_t i = 0; i < n; ++i) {  // payloads in field order, all posted before any is waited on

@@ -20,6 +20,7 @@
 #include <torch/torch.h>                                      // torch::Device, torch::full
 #include <torch/version.h>                                    // TORCH_VERSION_MAJOR
 #if defined(USE_C10D_NCCL)
+#include <c10/cuda/CUDAFunctions.h>                          // c10::cuda::set_device
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>  // c10d::ProcessGroupNCCL
 #endif
 
@@ -54,7 +55,8 @@ struct World
   int replicas = 1;  ///< data-parallel copies
   int slot = 0;      ///< this rank's pipeline position
   int replica = 0;   ///< this rank's replica
-  torch::Device device{torch::kCPU};
+  torch::Device device{torch::kCPU};       ///< where this rank's stages compute
+  torch::Device comm_device{torch::kCPU};  ///< where pipeline messages live: CPU for Gloo, the GPU for NCCL
   std::chrono::milliseconds timeout{60000};
   c10::intrusive_ptr<c10d::Store> store;
   ProcessGroupPtr world, pp, dp;
@@ -73,6 +75,17 @@ inline ProcessGroupPtr make_gloo(const c10::intrusive_ptr<c10d::Store>& store, c
   auto ps = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
   return c10::make_intrusive<c10d::ProcessGroupGloo>(ps, rank, size, opts);
 }
+
+#if defined(USE_C10D_NCCL)
+inline ProcessGroupPtr make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank, int size,
+                                 std::chrono::milliseconds timeout)
+{
+  auto opts = c10d::ProcessGroupNCCL::Options::create();
+  opts->timeout = timeout;
+  auto ps = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(ps, rank, size, opts);
+}
+#endif
 
 /// This host's address for Gloo: loopback when the master is local, else the machine's host name.
 inline std::string gloo_host(const Env& e)
@@ -135,10 +148,27 @@ World make_world(const Env& env, const WorldOptions& opt = {})
                        "MASTER_ADDR/MASTER_PORT?): " + e.what());
   }
   const std::string host = detail::gloo_host(env);
-  // every rank builds world, then its pipeline group, then its data-parallel group (same global order)
+  // every rank builds world, then its pipeline group, then its data-parallel group (same global order).
+  // NCCL carries a group only when all its members compute on CUDA: the pipeline group when every stage is
+  // a GPU stage, the data-parallel group when this slot's are; otherwise Gloo (tensors staged through CPU).
   w.world = detail::make_gloo(w.store, "mpx/world/", env.rank, env.world_size, opt.timeout, host);
-  w.pp = detail::make_gloo(w.store, "mpx/pp/" + std::to_string(w.replica) + "/", w.slot, w.slots, opt.timeout, host);
-  w.dp = detail::make_gloo(w.store, "mpx/dp/" + std::to_string(w.slot) + "/", w.replica, w.replicas, opt.timeout, host);
+  const std::string pp_prefix = "mpx/pp/" + std::to_string(w.replica) + "/", dp_prefix = "mpx/dp/" + std::to_string(w.slot) + "/";
+#if defined(USE_C10D_NCCL)
+  bool all_gpu = true;
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((all_gpu = all_gpu && P::template stage<int(I)>::kind == DeviceKind::cuda), ...);
+  }(std::make_index_sequence<std::size_t(P::num_stages)>{});
+  const bool cuda = w.device.is_cuda();
+  if (cuda) c10::cuda::set_device(w.device.index());
+  w.pp = cuda && all_gpu ? detail::make_nccl(w.store, pp_prefix, w.slot, w.slots, opt.timeout)
+                         : detail::make_gloo(w.store, pp_prefix, w.slot, w.slots, opt.timeout, host);
+  w.dp = cuda ? detail::make_nccl(w.store, dp_prefix, w.replica, w.replicas, opt.timeout)
+              : detail::make_gloo(w.store, dp_prefix, w.replica, w.replicas, opt.timeout, host);
+  if (cuda && all_gpu) w.comm_device = w.device;
+#else
+  w.pp = detail::make_gloo(w.store, pp_prefix, w.slot, w.slots, opt.timeout, host);
+  w.dp = detail::make_gloo(w.store, dp_prefix, w.replica, w.replicas, opt.timeout, host);
+#endif
   // ---- all ranks run the same pipeline?
   const auto mine = static_cast<std::int64_t>(fingerprint_v<P>);
   std::vector<at::Tensor> in{torch::full({1}, mine, torch::kLong)};
