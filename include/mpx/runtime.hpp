@@ -3,6 +3,7 @@
 /// @file runtime.hpp
 /// The distributed runtime: environment, launcher, process groups, wire protocol, trainer.
 
+#include <mpx/runtime/checkpoint.hpp>  // mpx::checkpoint
 #include <mpx/runtime/env.hpp>      // mpx::Env, mpx::read_env
 #include <mpx/runtime/errors.hpp>   // mpx::config_error, mpx::peer_error
 #include <mpx/runtime/launch.hpp>   // mpx::launch, mpx::relaunch_self

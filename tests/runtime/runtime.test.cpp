@@ -156,6 +156,12 @@ TEST_CASE("2 slots x 2 chunks interleaved 1F1B match one process", "[runtime][pa
 TEST_CASE("3 slots x 2 chunks interleaved 1F1B match one process", "[runtime][parity]") { check_parity("p3x2-interleaved"); }
 TEST_CASE("2 replicas x 2 slots match one process with the same global batch", "[runtime][parity]") { check_parity("dp2-p2-1f1b"); }
 
+TEST_CASE("Checkpointed stages under 1F1B match one process", "[runtime][parity][checkpoint]") { check_parity("p2-1f1b-checkpointed"); }
+TEST_CASE("Checkpointed stages under ZB-H1 (split backward) match one process", "[runtime][parity][checkpoint]")
+{
+  check_parity("p2-zbh1-checkpointed");
+}
+
 TEST_CASE("bf16 on the wire trains like fp32 within bf16's rounding", "[runtime][parity]")
 {
   // activations and gradients are rounded to bf16 (8 bits of mantissa) between the stages

@@ -32,6 +32,11 @@ using P4 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 1>>, Stage<Model, CPU<1>
 /// Activations and gradients cross the wire in bf16.
 using P2Bf16 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 3>, mpx::WireCompression<mpx::BF16>>,
                              Stage<Model, CPU<1>, Layers<3, 6>>, Microbatches<4>, mpx::Batch<tiny::Batch>>;
+/// Both stages checkpointed: the same gradients as the plain run.
+template <class Sched>
+using P2Ckpt = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 3>, mpx::Checkpointed>,
+                             Stage<Model, CPU<1>, Layers<3, 6>, mpx::Checkpointed>, Schedule<Sched>, Microbatches<4>,
+                             mpx::Batch<tiny::Batch>>;
 /// Interleaved: 2 slots x 2 chunks.
 using P2x2 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 1>>, Stage<Model, CPU<1>, Layers<1, 3>>,
                            Stage<Model, CPU<0>, Layers<3, 4>>, Stage<Model, CPU<1>, Layers<4, 6>>,
@@ -71,6 +76,8 @@ inline const std::vector<Spec>& specs()
       {"p3x2-interleaved", 3, 1, 6, {{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 5}, {5, 6}}},
       {"dp2-p2-1f1b", 4, 2, 4, {{0, 3}, {3, 6}}},
       {"p2-bf16-wire", 2, 1, 4, {{0, 3}, {3, 6}}},
+      {"p2-1f1b-checkpointed", 2, 1, 4, {{0, 3}, {3, 6}}},
+      {"p2-zbh1-checkpointed", 2, 1, 4, {{0, 3}, {3, 6}}},
   };
   return s;
 }

@@ -17,6 +17,7 @@
 
 #include <mpx/action.hpp>          // mpx::expand, mpx::op_name
 #include <mpx/pipeline.hpp>        // mpx::PipelineType, mpx::proof, mpx::table_v
+#include <mpx/runtime/checkpoint.hpp>  // mpx::checkpoint
 #include <mpx/runtime/errors.hpp>  // mpx::config_error, mpx::peer_error
 #include <mpx/runtime/lr.hpp>      // mpx::WarmupCosine
 #include <mpx/runtime/wire.hpp>    // mpx::send_tensors, mpx::post_recv, mpx::finish_recv
@@ -308,11 +309,21 @@ class Trainer
   {
     using In = typename P::template input_of<I>;
     auto& m = *std::get<I>(modules_);
-    In x = detail::unflatten<In>(in);
-    if constexpr (requires { m->forward(x, b); }) return detail::flatten(m->forward(x, b));
-    else if constexpr (requires { m->forward(x); }) return detail::flatten(m->forward(x));
-    else if constexpr (requires { m.forward(x, b); }) return detail::flatten(m.forward(x, b));
-    else return detail::flatten(m.forward(x));
+    auto run = [&m, &b](const std::vector<at::Tensor>& ts) {
+      In x = detail::unflatten<In>(ts);
+      if constexpr (requires { m->forward(x, b); }) return detail::flatten(m->forward(x, b));
+      else if constexpr (requires { m->forward(x); }) return detail::flatten(m->forward(x));
+      else if constexpr (requires { m.forward(x, b); }) return detail::flatten(m.forward(x, b));
+      else return detail::flatten(m.forward(x));
+    };
+    if constexpr (P::template stage<I>::checkpointed) {
+      std::vector<at::Tensor> trainable;
+      for (auto& p : params_[std::size_t(I)])
+        if (p.requires_grad()) trainable.push_back(p);
+      return checkpoint(run, in, trainable);
+    } else {
+      return run(in);
+    }
   }
 
   int rank_of_stage(int s) const { return P::slots[s]; }
