@@ -4,6 +4,7 @@
 /// Everything: the compile-time layer (core.hpp), the LibTorch glue (mpx/torch/) and the runtime.
 
 #include <mpx/core.hpp>          // the compile-time layer
+#include <mpx/optim/adamw8bit.hpp>  // mpx::AdamW8bitOptimizer
 #include <mpx/runtime.hpp>       // mpx::make_world, mpx::Trainer, mpx::launch
 #include <mpx/torch/blas.hpp>    // mpx::check_blas
 #include <mpx/torch/tensor.hpp>  // at::Tensor as mpx::TensorLike

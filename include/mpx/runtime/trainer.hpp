@@ -16,6 +16,7 @@
 /// ```
 
 #include <mpx/action.hpp>          // mpx::expand, mpx::op_name
+#include <mpx/optim/adamw8bit.hpp>  // mpx::AdamW8bitOptimizer
 #include <mpx/pipeline.hpp>        // mpx::PipelineType, mpx::proof, mpx::table_v
 #include <mpx/runtime/checkpoint.hpp>  // mpx::checkpoint
 #include <mpx/runtime/errors.hpp>  // mpx::config_error, mpx::peer_error
@@ -281,8 +282,8 @@ class Trainer
       optimizers_[I] = std::make_unique<torch::optim::SGD>(
           trainable, torch::optim::SGDOptions(o_.lr.peak).momentum(o_.momentum).weight_decay(o_.weight_decay));
     } else if constexpr (std::is_same_v<O, AdamW8bit>) {
-      throw config_error("mpx: stage " + std::to_string(I) + " asks for mpx::AdamW8bit, which this build's runtime does not "
-                         "have yet; use mpx::Optimizer<mpx::AdamW> for now");
+      optimizers_[I] = std::make_unique<AdamW8bitOptimizer>(
+          trainable, torch::optim::AdamWOptions(o_.lr.peak).betas({o_.beta1, o_.beta2}).eps(o_.eps).weight_decay(o_.weight_decay));
     } else {  // AdamW, also the default for a trainable stage without an Optimizer policy
       optimizers_[I] = std::make_unique<torch::optim::AdamW>(
           trainable, torch::optim::AdamWOptions(o_.lr.peak).betas({o_.beta1, o_.beta2}).eps(o_.eps).weight_decay(o_.weight_decay));
