@@ -8,6 +8,7 @@
 #include <mpx/runtime/errors.hpp>   // mpx::config_error, mpx::peer_error
 #include <mpx/runtime/launch.hpp>   // mpx::launch, mpx::relaunch_self
 #include <mpx/runtime/lr.hpp>       // mpx::WarmupCosine
+#include <mpx/runtime/precision.hpp>  // mpx::AutocastGuard, mpx::LossScaler
 #include <mpx/runtime/sampler.hpp>  // mpx::DistributedSampler
 #include <mpx/runtime/trainer.hpp>  // mpx::Trainer, mpx::TrainOptions, mpx::split_microbatches
 #include <mpx/runtime/wire.hpp>     // mpx::send_tensors, mpx::post_recv, mpx::finish_recv

@@ -5,6 +5,8 @@
 #include "scenarios.hpp"
 
 #include <cstdio>
+#include <cstring>
+#include <limits>
 #include <iostream>
 
 namespace
@@ -24,6 +26,15 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
   auto options = scenario::options();
   const char* trace = std::getenv("MPX_TEST_TRACE");
   options.trace = trace != nullptr;
+  if (const char* inject = std::getenv("MPX_TEST_INJECT_INF")) {  // "stage,step": an inf in that stage's gradient
+    const int at_stage = std::atoi(inject), at_step = std::atoi(std::strchr(inject, ',') + 1);
+    options.scaler.enabled = true;
+    options.scaler.init = options.scaler.scale_ = 1024;
+    options.scaler.interval = 2;  // grow quickly, to see it
+    options.before_optimizer = [=](int stage, long step, const std::vector<at::Tensor>& params) {
+      if (stage == at_stage && step == at_step) params.front().mutable_grad().view(-1)[0] = std::numeric_limits<float>::infinity();
+    };
+  }
   mpx::Trainer<P, tiny::Batch> trainer(world, make, [](const tiny::Batch& b) { return b.tokens; }, tiny::loss, options);
   for (long step = 0; step < scenario::steps; ++step) {
     if (env.rank == kill_rank && step == kill_step) {
@@ -34,6 +45,7 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
     auto batch = tiny::make_batch(scenario::config, scenario::rows_per_replica, step, world.replica, world.replicas);
     const auto st = trainer.step(mpx::split_microbatches(batch, P::num_microbatches));
     if (env.rank == 0) std::printf("loss %ld %.17g\n", step, st.loss);
+    if (env.rank == 0 && options.scaler.enabled) std::printf("scale %ld %g skipped %d\n", step, st.loss_scale, int(st.skipped));
   }
   if (world.replica == 0)
     for (int s = 0; s < P::num_stages; ++s)

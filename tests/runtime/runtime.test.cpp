@@ -21,7 +21,7 @@ struct Reference
 };
 
 /// The same model, data and optimizer in one process: every stage chained, micro-batch after micro-batch.
-Reference reference(const scenario::Spec& s)
+Reference reference(const scenario::Spec& s, long skip_step = -1)
 {
   const auto opt = scenario::options();
   std::vector<tiny::Model> stages;
@@ -71,11 +71,12 @@ Reference reference(const scenario::Spec& s)
       for (auto& p : st->parameters())
         if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
     const double norm = std::sqrt(sq);
-    if (norm > opt.clip_norm)
+    if (step != skip_step && norm > opt.clip_norm)
       for (auto& st : stages)
         for (auto& p : st->parameters())
           if (p.grad().defined()) p.mutable_grad().mul_(opt.clip_norm / (norm + 1e-6));
     for (auto& o : optimizers) {
+      if (step == skip_step) break;  // the step whose gradients were not finite: no update anywhere
       for (auto& g : o->param_groups()) g.options().set_lr(opt.lr(step));
       o->step();
     }
@@ -110,7 +111,9 @@ double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 
 
 /// Runs a scenario and compares it with the single-process reference: losses within `loss_tol` relative,
 /// every parameter within `param_tol` relative to its largest element (negative: not compared).
-void check_parity(const std::string& name, double loss_tol = 1e-5, double param_tol = 1e-5)
+void check_parity(const std::string& name, double loss_tol = 1e-5, double param_tol = 1e-5,
+                  const std::vector<std::pair<std::string, std::string>>& env = {}, long skip_step = -1,
+                  std::string* rank0_output = nullptr)
 {
   const scenario::Spec* spec = nullptr;
   for (auto& s : scenario::specs())
@@ -118,10 +121,11 @@ void check_parity(const std::string& name, double loss_tol = 1e-5, double param_
   REQUIRE(spec != nullptr);
   const std::string dir = "/tmp/mpx-parity-" + name + "-" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
-  auto res = test::spawn(spec->world, {MPX_RANK_EXE, name, dir}, std::chrono::seconds(240));
+  auto res = test::spawn(spec->world, {MPX_RANK_EXE, name, dir}, std::chrono::seconds(240), env);
   INFO(all_output(res));
   for (auto& r : res) REQUIRE(r.code == 0);
-  const auto ref = reference(*spec);
+  if (rank0_output) *rank0_output = res[0].output;
+  const auto ref = reference(*spec, skip_step);
   const auto got = losses_of(res[0].output);
   REQUIRE(got.size() == ref.losses.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -160,6 +164,18 @@ TEST_CASE("Checkpointed stages under 1F1B match one process", "[runtime][parity]
 TEST_CASE("Checkpointed stages under ZB-H1 (split backward) match one process", "[runtime][parity][checkpoint]")
 {
   check_parity("p2-zbh1-checkpointed");
+}
+
+TEST_CASE("An inf in one stage's gradient makes every rank skip that step and halve the loss scale", "[runtime][parity][scaler]")
+{
+  // 3 stages; an inf lands in stage 1's gradient at step 2. Reference: the same training without step 2's
+  // update; every loss and every final parameter must match it.
+  std::string out;
+  check_parity("p3-1f1b", 1e-5, 1e-5, {{"MPX_TEST_INJECT_INF", "1,2"}}, 2, &out);
+  CHECK(out.find("scale 0 1024 skipped 0") != std::string::npos);
+  CHECK(out.find("scale 1 1024 skipped 0") != std::string::npos);  // grows after 2 good steps
+  CHECK(out.find("scale 2 2048 skipped 1") != std::string::npos);  // the injected step: skipped on every rank
+  CHECK(out.find("scale 3 1024 skipped 0") != std::string::npos);  // halved
 }
 
 TEST_CASE("bf16 on the wire trains like fp32 within bf16's rounding", "[runtime][parity]")

@@ -21,6 +21,7 @@
 #include <mpx/runtime/checkpoint.hpp>  // mpx::checkpoint
 #include <mpx/runtime/errors.hpp>  // mpx::config_error, mpx::peer_error
 #include <mpx/runtime/lr.hpp>      // mpx::WarmupCosine
+#include <mpx/runtime/precision.hpp>  // mpx::AutocastGuard, mpx::LossScaler
 #include <mpx/runtime/wire.hpp>    // mpx::send_tensors, mpx::post_recv, mpx::finish_recv
 #include <mpx/runtime/world.hpp>   // mpx::World
 
@@ -31,6 +32,7 @@
 #include <fstream>     // std::ofstream
 #include <iostream>    // std::cout
 #include <functional>  // std::function
+#include <limits>      // std::numeric_limits
 #include <memory>      // std::unique_ptr
 #include <optional>    // std::optional
 #include <tuple>       // std::tuple
@@ -49,6 +51,10 @@ struct TrainOptions
   double clip_norm = 0.0;                          ///< global gradient-norm clipping; 0: off
   std::size_t bucket_bytes = std::size_t(25) << 20;  ///< data-parallel all-reduce bucket size
   bool trace = false;                              ///< record every action for `write_trace`
+  LossScaler scaler{};                             ///< dynamic loss scaling (off by default; for fp16)
+  /// Called on every rank after the gradients are complete (reduced over replicas, still scaled by the
+  /// loss scale) and before the inf/NaN check: inspect or edit them. `params` are stage `stage`'s.
+  std::function<void(int stage, long step, const std::vector<at::Tensor>& params)> before_optimizer;
 };
 
 /// Splits a batch (a tensor or a Hana struct of tensors) into m micro-batches along dim 0.
@@ -82,6 +88,8 @@ struct StepStats
   double seconds = 0;         ///< wall time of the step on this rank
   double compute_seconds = 0; ///< time in forward/backward on this rank
   double schedule_seconds = 0;  ///< time walking the schedule's actions (the rest: reductions, optimizer)
+  bool skipped = false;         ///< an inf/NaN gradient on some rank: no rank stepped its optimizer
+  double loss_scale = 1;        ///< the loss scale used by this step
   double optimizer_seconds = 0; ///< time in the optimizers' steps
 };
 
@@ -159,23 +167,41 @@ class Trainer
       }
     StepStats st;
     st.schedule_seconds = seconds(clock::now() - t0);
+    st.loss_scale = o_.scaler.scale();
     finish_data_parallel();
-    // one all-reduce over the world for the loss (last stage, mean over replicas) and the squared gradient
-    // norm (every stage once per replica; replicas hold equal gradients after the all-reduce above)
-    auto red = torch::zeros({2}, torch::kDouble);
+    if (o_.before_optimizer)
+      for (int s = 0; s < N; ++s)
+        if (mine_[std::size_t(s)]) o_.before_optimizer(s, step_, params_[std::size_t(s)]);
+    // unscale, and look for inf/NaN
+    bool found_inf = false;
+    for (int s = 0; s < N; ++s)
+      if (mine_[std::size_t(s)])
+        for (auto& p : params_[std::size_t(s)])
+          if (p.grad().defined()) {
+            if (o_.scaler.enabled) p.mutable_grad().mul_(1.0 / o_.scaler.scale());
+            if (!found_inf && !torch::isfinite(p.grad()).all().template item<bool>()) found_inf = true;
+          }
+    // one all-reduce over the world: the loss (last stage, mean over replicas), the squared gradient norm
+    // (every stage once per replica; replicas hold equal gradients after the all-reduce above) and the
+    // number of ranks that saw inf/NaN, so that every rank makes the same skip decision
+    auto red = torch::zeros({3}, torch::kDouble);
     red[0] = mine_[N - 1] ? loss_sum / w_.replicas : 0.0;
-    red[1] = local_grad_sq() / w_.replicas;
+    red[1] = found_inf ? 0.0 : local_grad_sq() / w_.replicas;
+    red[2] = found_inf ? 1.0 : 0.0;
     std::vector<at::Tensor> rv{red};
     w_.world->allreduce(rv)->wait(w_.timeout);
     st.loss = red[0].template item<double>();
-    st.grad_norm = std::sqrt(red[1].template item<double>());
-    clip(st.grad_norm);
+    st.skipped = o_.scaler.update(red[2].template item<double>() > 0);
+    st.grad_norm = st.skipped ? std::numeric_limits<double>::infinity() : std::sqrt(red[1].template item<double>());
     st.lr = o_.lr(step_);
     const auto o0 = clock::now();
-    for (auto& opt : optimizers_) {
-      if (!opt) continue;
-      for (auto& g : opt->param_groups()) g.options().set_lr(st.lr);
-      opt->step();
+    if (!st.skipped) {
+      clip(st.grad_norm);
+      for (auto& opt : optimizers_) {
+        if (!opt) continue;
+        for (auto& g : opt->param_groups()) g.options().set_lr(st.lr);
+        opt->step();
+      }
     }
     st.optimizer_seconds = seconds(clock::now() - o0);
     for (int s = 0; s < N; ++s)  // zero in place: the next backward accumulates into warm buffers
@@ -193,6 +219,9 @@ class Trainer
   std::vector<at::Tensor> parameters(int s) const { return mine_.at(std::size_t(s)) ? params_[std::size_t(s)] : std::vector<at::Tensor>{}; }
   bool holds(int s) const { return mine_.at(std::size_t(s)); }
   long steps_done() const { return step_; }
+  /// Steps skipped because some rank saw an inf/NaN gradient.
+  long skipped_steps() const { return o_.scaler.skipped(); }
+  double loss_scale() const { return o_.scaler.scale(); }
   double expected_bubble() const { return expected_bubble_; }
   /// Measured idle fraction of the last step on this rank: 1 - compute / wall.
   double measured_bubble() const { return last_.seconds > 0 ? 1.0 - last_.compute_seconds / last_.seconds : 0.0; }
@@ -310,7 +339,11 @@ class Trainer
   {
     using In = typename P::template input_of<I>;
     auto& m = *std::get<I>(modules_);
-    auto run = [&m, &b](const std::vector<at::Tensor>& ts) {
+    auto run = [this, &m, &b](const std::vector<at::Tensor>& ts) {
+      using Prec = typename P::template stage<I>::precision;
+      std::optional<AutocastGuard> autocast;
+      if constexpr (std::is_same_v<Prec, BF16>) autocast.emplace(w_.device.type(), true, at::kBFloat16);
+      else if constexpr (std::is_same_v<Prec, FP16>) autocast.emplace(w_.device.type(), true, at::kHalf);
       In x = detail::unflatten<In>(ts);
       if constexpr (requires { m->forward(x, b); }) return detail::flatten(m->forward(x, b));
       else if constexpr (requires { m->forward(x); }) return detail::flatten(m->forward(x));
@@ -410,7 +443,7 @@ class Trainer
         std::vector<at::Tensor> outs, grads;
         if (s == N - 1) {
           outs = {st.loss};
-          grads = {torch::ones_like(st.loss)};
+          grads = {torch::full_like(st.loss, o_.scaler.scale())};  // d(scale * loss)
         } else {
           receiver_->await(*st.recv_b);
           auto g = finish_recv(w_.pp, *st.recv_b, w_.timeout, st.outputs);
