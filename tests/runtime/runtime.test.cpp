@@ -184,24 +184,28 @@ TEST_CASE("bf16 on the wire trains like fp32 within bf16's rounding", "[runtime]
   check_parity("p2-bf16-wire", 1e-2, -1);
 }
 
-TEST_CASE("WORLD_SIZE not a multiple of the slots stops every rank naming the fix", "[runtime][errors]")
+namespace
 {
-  auto res = test::spawn(3, {MPX_RANK_EXE, "p2-1f1b", "/tmp"}, std::chrono::seconds(60));
+/// Starts `n` ranks of a scenario; every one must exit with status 1 and print `message`.
+void expect_every_rank_fails(int n, const std::string& scenario, const std::string& message)
+{
+  auto res = test::spawn(n, {MPX_RANK_EXE, scenario, "/tmp"}, std::chrono::seconds(60));
   INFO(all_output(res));
   for (auto& r : res) {
     CHECK(r.code == 1);
-    CHECK(r.output.find("WORLD_SIZE (3) is not a multiple of the pipeline's slots (2)") != std::string::npos);
+    CHECK(r.output.find(message) != std::string::npos);
   }
+}
+}  // namespace
+
+TEST_CASE("WORLD_SIZE not a multiple of the slots stops every rank naming the fix", "[runtime][errors]")
+{
+  expect_every_rank_fails(3, "p2-1f1b", "WORLD_SIZE (3) is not a multiple of the pipeline's slots (2)");
 }
 
 TEST_CASE("Ranks built from different pipelines stop before the first step", "[runtime][errors]")
 {
-  auto res = test::spawn(2, {MPX_RANK_EXE, "mismatch", "/tmp"}, std::chrono::seconds(60));
-  INFO(all_output(res));
-  for (auto& r : res) {
-    CHECK(r.code == 1);
-    CHECK(r.output.find("run a different pipeline") != std::string::npos);
-  }
+  expect_every_rank_fails(2, "mismatch", "run a different pipeline");
 }
 
 TEST_CASE("GPU stages without CUDA stop with a message naming the fix", "[runtime][errors]")
@@ -210,12 +214,7 @@ TEST_CASE("GPU stages without CUDA stop with a message naming the fix", "[runtim
     WARN("CUDA is available here: nothing to test");
     return;
   }
-  auto res = test::spawn(2, {MPX_RANK_EXE, "gpu", "/tmp"}, std::chrono::seconds(60));
-  INFO(all_output(res));
-  for (auto& r : res) {
-    CHECK(r.code == 1);
-    CHECK(r.output.find("has GPU stages but this machine has no CUDA device") != std::string::npos);
-  }
+  expect_every_rank_fails(2, "gpu", "has GPU stages but this machine has no CUDA device");
 }
 
 TEST_CASE("A killed rank ends the survivors with an error naming rank step action and peer", "[runtime][errors]")

@@ -31,6 +31,7 @@
 #include <chrono>      // std::chrono::steady_clock
 #include <fstream>     // std::ofstream
 #include <iostream>    // std::cout
+#include <cmath>       // std::isfinite, std::sqrt
 #include <functional>  // std::function
 #include <limits>      // std::numeric_limits
 #include <memory>      // std::unique_ptr
@@ -172,21 +173,20 @@ class Trainer
     if (o_.before_optimizer)
       for (int s = 0; s < N; ++s)
         if (mine_[std::size_t(s)]) o_.before_optimizer(s, step_, params_[std::size_t(s)]);
-    // unscale, and look for inf/NaN
-    bool found_inf = false;
-    for (int s = 0; s < N; ++s)
-      if (mine_[std::size_t(s)])
-        for (auto& p : params_[std::size_t(s)])
-          if (p.grad().defined()) {
-            if (o_.scaler.enabled) p.mutable_grad().mul_(1.0 / o_.scaler.scale());
-            if (!found_inf && !torch::isfinite(p.grad()).all().template item<bool>()) found_inf = true;
-          }
+    // unscale; an inf/NaN anywhere makes the squared norm inf/NaN, so one pass finds both
+    if (o_.scaler.enabled)
+      for (int s = 0; s < N; ++s)
+        if (mine_[std::size_t(s)])
+          for (auto& p : params_[std::size_t(s)])
+            if (p.grad().defined()) p.mutable_grad().mul_(1.0 / o_.scaler.scale());
+    const double sq = local_grad_sq();
+    const bool found_inf = !std::isfinite(sq);
     // one all-reduce over the world: the loss (last stage, mean over replicas), the squared gradient norm
     // (every stage once per replica; replicas hold equal gradients after the all-reduce above) and the
     // number of ranks that saw inf/NaN, so that every rank makes the same skip decision
     auto red = torch::zeros({3}, torch::kDouble);
     red[0] = mine_[N - 1] ? loss_sum / w_.replicas : 0.0;
-    red[1] = found_inf ? 0.0 : local_grad_sq() / w_.replicas;
+    red[1] = found_inf ? 0.0 : sq / w_.replicas;
     red[2] = found_inf ? 1.0 : 0.0;
     std::vector<at::Tensor> rv{red};
     w_.world->allreduce(rv)->wait(w_.timeout);
