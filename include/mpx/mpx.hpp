@@ -4,6 +4,7 @@
 /// Everything: the compile-time layer (core.hpp), the LibTorch glue (mpx/torch/) and the runtime.
 
 #include <mpx/core.hpp>          // the compile-time layer
+#include <mpx/io/safetensors.hpp>   // mpx::load_safetensors, mpx::save_safetensors
 #include <mpx/optim/adamw8bit.hpp>  // mpx::AdamW8bitOptimizer
 #include <mpx/runtime.hpp>       // mpx::make_world, mpx::Trainer, mpx::launch
 #include <mpx/torch/blas.hpp>    // mpx::check_blas
