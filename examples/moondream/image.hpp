@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file examples/moondream/image.hpp
+/// Moondream's image preprocessing (moondream-spec.md §6): overlapping crops of a large image, their
+/// normalisation and patches, and the stitching of the local crops' features into one grid.
+/// Shape legend: H, W image height/width; N crops; C channels; P patches (729 = 27 x 27); D features.
+
+#include <torch/torch.h>  // torch::nn::functional::interpolate
+
+#include <cmath>    // std::ceil, std::floor, std::sqrt
+#include <utility>  // std::pair
+
+namespace moondream
+{
+
+inline constexpr int crop_size = 378;   // pixels of one crop
+inline constexpr int patch_size = 14;   // pixels of one patch
+inline constexpr int grid = 27;         // patches per crop side
+inline constexpr int margin_px = 56;    // overlap margin per side (4 patches)
+inline constexpr int window_px = 266;   // crop stride: 19 patches
+inline constexpr int max_crops = 12;    // local crops at most
+
+/// Rows and columns of local crops for an h x w image (§6.2).
+inline std::pair<int, int> select_tiling(int h, int w, int max = max_crops)
+{
+  const double H = h - 2 * margin_px, W = w - 2 * margin_px;
+  if (H <= window_px || W <= window_px) return {1, 1};
+  const int min_h = int(std::ceil(H / window_px)), min_w = int(std::ceil(W / window_px));
+  if (min_h * min_w > max) {
+    const double r = std::sqrt(double(max) / (min_h * min_w));
+    return {std::max(1, int(std::floor(min_h * r))), std::max(1, int(std::floor(min_w * r)))};
+  }
+  int th = std::max(min_h, int(std::floor(std::sqrt(max * H / W))));
+  int tw = std::max(min_w, int(std::floor(std::sqrt(max * W / H))));
+  if (th * tw > max) {
+    if (tw > th) tw = max / th;
+    else th = max / tw;
+  }
+  return {th, tw};
+}
+
+/// The crops of an image: index 0 the whole image at 378 x 378, then the local crops row-major.
+struct Crops
+{
+  at::Tensor pixels;  ///< (N, C, 378, 378) uint8
+  int rows = 1, cols = 1;
+};
+
+namespace detail
+{
+/// Resizes an (C, H, W) uint8 image to h x w (aspect ratio not kept), antialiased bicubic.
+inline at::Tensor resize(const at::Tensor& img_CHW, int h, int w)
+{
+  namespace F = torch::nn::functional;
+  auto x = img_CHW.unsqueeze(0).to(torch::kFloat);
+  x = F::interpolate(x, F::InterpolateFuncOptions().size(std::vector<int64_t>{h, w}).mode(torch::kBicubic).align_corners(false).antialias(true));
+  return x.squeeze(0).round().clamp(0, 255).to(torch::kByte);
+}
+}  // namespace detail
+
+/// Overlapping crops of an (H, W, C) uint8 image (§6.3).
+inline Crops overlap_crops(const at::Tensor& img_HWC, int max = max_crops)
+{
+  const int h = int(img_HWC.size(0)), w = int(img_HWC.size(1));
+  auto [th, tw] = select_tiling(h, w, max);
+  auto chw = img_HWC.permute({2, 0, 1}).contiguous();
+  std::vector<at::Tensor> crops{detail::resize(chw, crop_size, crop_size)};
+  auto big = detail::resize(chw, th * window_px + 2 * margin_px, tw * window_px + 2 * margin_px);
+  for (int i = 0; i < th; ++i)
+    for (int j = 0; j < tw; ++j) crops.push_back(big.narrow(1, i * window_px, crop_size).narrow(2, j * window_px, crop_size));
+  return {torch::stack(crops), th, tw};
+}
+
+/// uint8 crops to [-1, 1]: mean = std = 0.5 per channel (§6.3.4, computed in fp32).
+inline at::Tensor normalize(const at::Tensor& crops_NCHW) { return (crops_NCHW.to(torch::kFloat) / 255.0 - 0.5) / 0.5; }
+
+/// (N, C, 378, 378) to (N, 729, C*14*14): patches row-major; inside a patch channel, then y, then x (§6.3.5).
+inline at::Tensor patchify(const at::Tensor& x_NCHW)
+{
+  const auto N = x_NCHW.size(0), C = x_NCHW.size(1);
+  return x_NCHW.reshape({N, C, grid, patch_size, grid, patch_size})
+      .permute({0, 2, 4, 1, 3, 5})
+      .reshape({N, grid * grid, C * patch_size * patch_size});
+}
+
+/// Stitches the local crops' (rows*cols, 27, 27, D) features into one seamless (19*rows+8, 19*cols+8, D)
+/// grid: each tile keeps its rows/cols [4, 23), plus its outer margin on the border of the mosaic (§6.4).
+inline at::Tensor reconstruct(const at::Tensor& tiles_T27x27D, int rows, int cols)
+{
+  const int m = 4, keep = grid - 2 * m;  // 19
+  const auto D = tiles_T27x27D.size(3);
+  auto out = torch::zeros({keep * rows + 2 * m, keep * cols + 2 * m, D}, tiles_T27x27D.options());
+  for (int t = 0; t < rows * cols; ++t) {
+    const int ty = t / cols, tx = t % cols;
+    const int y0 = ty == 0 ? 0 : m, y1 = ty == rows - 1 ? grid : grid - m;
+    const int x0 = tx == 0 ? 0 : m, x1 = tx == cols - 1 ? grid : grid - m;
+    out.narrow(0, ty * keep + y0, y1 - y0).narrow(1, tx * keep + x0, x1 - x0).copy_(tiles_T27x27D[t].narrow(0, y0, y1 - y0).narrow(1, x0, x1 - x0));
+  }
+  return out;
+}
+
+/// The stitched grid pooled back to 27 x 27 and flattened: (729, D).
+inline at::Tensor pool_tokens(const at::Tensor& stitched_HWD)
+{
+  auto x = stitched_HWD.permute({2, 0, 1}).unsqueeze(0);  // (1, D, H, W)
+  x = torch::nn::functional::adaptive_avg_pool2d(x, torch::nn::functional::AdaptiveAvgPool2dFuncOptions({grid, grid}));
+  return x.squeeze(0).permute({1, 2, 0}).reshape({grid * grid, -1});
+}
+
+}  // namespace moondream
