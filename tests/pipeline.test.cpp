@@ -80,3 +80,14 @@ TEST_CASE("Slots may be in any order for one-stage-per-slot schedules", "[pipeli
   const Table t = Reversed::make_table();
   CHECK(t.rank(1)[0].stage == 0);  // stage 0 runs on rank 1
 }
+
+TEST_CASE("A user table that splits some stages' backward freezes to its exact size", "[pipeline]")
+{
+  // stage 0 full backward, stage 1 split into I and W
+  using U = Pipeline<Stage<Block, CPU<0>>, Stage<Block, CPU<1>>, Schedule<UserTable<"F0 F1 B0 B1 ; F0 I0 F1 I1 W0 W1">>,
+                     Microbatches<2>>;
+  STATIC_REQUIRE(U::num_steps == 10);
+  STATIC_REQUIRE(proof_v<U>.ok());
+  CHECK(table_v<U>.steps.size() == 10);
+  CHECK(prove(table_v<U>).ok());
+}

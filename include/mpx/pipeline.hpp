@@ -300,8 +300,11 @@ struct Pipeline
     for (int i = 0; i < num_stages; ++i) l.rank_of[i] = static_cast<std::uint16_t>(slots[i]);
     return l;
   }();
-  /// Steps in one training step's table, all ranks together.
-  static constexpr std::size_t num_steps = std::size_t(num_stages) * num_microbatches * (schedule::split_backward ? 3 : 2);
+  /// Steps in one training step's table, all ranks together (a schedule may count them itself).
+  static constexpr std::size_t num_steps = [] {
+    if constexpr (requires { schedule::steps(layout); }) return schedule::steps(layout);
+    else return std::size_t(num_stages) * num_microbatches * (schedule::split_backward ? 3 : 2);
+  }();
   static constexpr bool proved_at_compile_time = num_steps <= MPX_COMPILE_TIME_PROOF_STEPS;
 
   /// The proof, run while the type is instantiated (an empty `Proof` when the table is too large: then

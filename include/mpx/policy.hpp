@@ -141,13 +141,5 @@ template <int B, int E> inline constexpr bool is_layers_policy<Layers<B, E>> = t
 template <class T> inline constexpr bool is_reads_policy = false;
 template <fixed_string... F> inline constexpr bool is_reads_policy<Reads<F...>> = true;
 
-/// The first policy among Ps satisfying Pred, or Default.
-template <template <class> class Pred, class Default, class... Ps>
-struct find_policy { using type = Default; };
-template <template <class> class Pred, class Default, class P, class... Ps>
-struct find_policy<Pred, Default, P, Ps...>
-{
-  using type = std::conditional_t<Pred<P>::value, P, typename find_policy<Pred, Default, Ps...>::type>;
-};
 }  // namespace detail
 }  // namespace mpx

@@ -203,8 +203,18 @@ struct UserTable
   static constexpr std::string_view text = Text.view();
   static constexpr bool interleaved = false;
   static constexpr bool any_placement = true;
-  static constexpr bool split_backward = false;  // decided per stage by the table itself
+  static constexpr bool split_backward = false;  // decided per stage by the table itself: see steps()
   static constexpr Table table(const Layout& l) { return detail::user_table(Text.view(), l); }
+  /// The number of steps (computes) the text holds, whatever mix of full and split backwards it uses.
+  static constexpr std::size_t steps(const Layout&)
+  {
+    std::size_t n = 0;
+    detail::for_each_token(Text.view(), [&](int, std::string_view tok) {
+      detail::user_token u;
+      if (detail::parse_token(tok, u) && !u.recv) ++n;
+    });
+    return n;
+  }
 };
 
 }  // namespace mpx

@@ -138,6 +138,7 @@ inline int launch(const LaunchOptions& o, const std::vector<std::string>& argv)
     const pid_t pid = ::fork();
     if (pid < 0) throw config_error(std::string("mpx::launch: fork(): ") + std::strerror(errno));
     if (pid == 0) {
+      ::setpgid(0, 0);  // each rank leads its own process group: signals reach whatever it started
       ::signal(SIGINT, SIG_DFL);
       ::signal(SIGTERM, SIG_DFL);
       ::dup2(fds[1], 1);
@@ -158,6 +159,7 @@ inline int launch(const LaunchOptions& o, const std::vector<std::string>& argv)
       std::fprintf(stderr, "mpx::launch: cannot start %s: %s\n", args[0], std::strerror(errno));
       ::_exit(127);
     }
+    ::setpgid(pid, pid);  // also here, so it holds before the parent signals
     ::close(fds[1]);
     kids[std::size_t(local)] = child{pid, fds[0], rank, {}, true, 0};
   }
@@ -166,13 +168,27 @@ inline int launch(const LaunchOptions& o, const std::vector<std::string>& argv)
   int failed_rank = -1;
   int forwarded = 0;
   auto deadline = std::chrono::steady_clock::time_point::max();
-  auto signal_all = [&](int sig) {
+  auto signal_all = [&](int sig) {  // the rank and everything in its process group
     for (auto& k : kids)
-      if (k.running) ::kill(k.pid, sig);
+      if (k.running) ::kill(-k.pid, sig);
   };
   int open = o.nproc_per_node;
   int alive = o.nproc_per_node;
+  auto drained_by = std::chrono::steady_clock::time_point::max();
   while (alive > 0 || open > 0) {
+    if (alive == 0) {  // all ranks are gone: give their output a moment, then stop reading (a stray
+      const auto now = std::chrono::steady_clock::now();  // grandchild may still hold a pipe open)
+      if (drained_by == std::chrono::steady_clock::time_point::max()) drained_by = now + o.grace;
+      if (now > drained_by) {
+        for (auto& k : kids)
+          if (k.fd >= 0) {
+            flush_lines(k, o.prefix_output, true);
+            ::close(k.fd);
+            k.fd = -1;
+          }
+        break;
+      }
+    }
     if (launch_signal != 0 && forwarded != launch_signal) {  // forward Ctrl-C / SIGTERM once
       forwarded = launch_signal;
       signal_all(forwarded);
