@@ -8,4 +8,5 @@ build=${MPX_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++ \
   -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 cmake --build "$build" -j "$(nproc)" --target hello_pipeline
+if [ $# -eq 0 ]; then set -- 60 "$build/hello_pipeline_trace.json"; fi  # steps, trace file
 "$build/examples/hello_pipeline/hello_pipeline" "$@"
