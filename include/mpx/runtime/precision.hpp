@@ -11,9 +11,10 @@
 /// NOTE: in LibTorch 1.13, `nn::LayerNorm` with fp32 weights fails on a bf16 input under CPU autocast;
 /// run norms in fp32 inside the region: `mpx::AutocastGuard off(at::kCPU, false); ln(x.to(torch::kFloat))`.
 
+#include <mpx/torch/version.hpp>  // MPX_TORCH_AT_LEAST
+
 #include <ATen/autocast_mode.h>  // at::autocast
 #include <torch/torch.h>         // at::ScalarType
-#include <torch/version.h>       // TORCH_VERSION_MAJOR
 
 namespace mpx
 {
@@ -24,7 +25,7 @@ class AutocastGuard
  public:
   AutocastGuard(c10::DeviceType device, bool enabled, at::ScalarType dtype = at::kBFloat16) : device_(device)
   {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#if MPX_TORCH_AT_LEAST(2, 4)
     was_enabled_ = at::autocast::is_autocast_enabled(device);
     was_dtype_ = at::autocast::get_autocast_dtype(device);
     at::autocast::set_autocast_dtype(device, dtype);
@@ -47,7 +48,7 @@ class AutocastGuard
   ~AutocastGuard()
   {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#if MPX_TORCH_AT_LEAST(2, 4)
     at::autocast::set_autocast_enabled(device_, was_enabled_);
     at::autocast::set_autocast_dtype(device_, was_dtype_);
 #else

@@ -12,13 +12,13 @@
 #include <mpx/pipeline.hpp>        // mpx::PipelineType
 #include <mpx/runtime/env.hpp>     // mpx::Env
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/torch/version.hpp>    // MPX_TORCH_AT_LEAST
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>       // c10d::PrefixStore
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // c10d::ProcessGroupGloo
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>          // c10d::TCPStore
 #include <torch/cuda.h>                                       // torch::cuda::device_count
 #include <torch/torch.h>                                      // torch::Device, torch::full
-#include <torch/version.h>                                    // TORCH_VERSION_MAJOR
 #if defined(USE_C10D_NCCL)
 #include <c10/cuda/CUDAFunctions.h>                          // c10::cuda::set_device
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>  // c10d::ProcessGroupNCCL
@@ -29,7 +29,6 @@
 #include <sstream>   // std::ostringstream
 #include <string>    // std::string
 
-#define MPX_TORCH_AT_LEAST(M, m) (TORCH_VERSION_MAJOR > (M) || (TORCH_VERSION_MAJOR == (M) && TORCH_VERSION_MINOR >= (m)))
 
 namespace mpx
 {
