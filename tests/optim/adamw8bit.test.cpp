@@ -122,3 +122,26 @@ TEST_CASE("8-bit AdamW state saves and loads, hyper-parameters included", "[adam
   CHECK(torch::equal(w, w2));
   CHECK(torch::equal(b, b2));
 }
+
+TEST_CASE("The fused CPU step's nearest-code lookup equals a search over the code book", "[optim]")
+{
+  for (bool is_signed : {true, false}) {
+    const auto& code = is_signed ? mpx::detail::signed_code() : mpx::detail::unsigned_code();
+    const auto& look = is_signed ? mpx::detail::signed_lookup() : mpx::detail::unsigned_lookup();
+    auto x = is_signed ? torch::rand({100000}) * 2 - 1 : torch::rand({100000});
+    x = torch::cat({x, x * 1e-4, x * 1e-7, code, (code.narrow(0, 1, 255) + code.narrow(0, 0, 255)) / 2});  // small, exact, midpoints
+    const auto q = mpx::quantize(x, code);  // the tensor path: searchsorted
+    auto xs = x.contiguous();
+    int bad = 0;
+    // quantize() normalises by block maxima; compare on the normalised values it used
+    const std::int64_t n = x.numel(), blocks = (n + mpx::quant_block - 1) / mpx::quant_block;
+    auto padded = torch::cat({xs, torch::zeros({blocks * mpx::quant_block - n})}).view({blocks, mpx::quant_block});
+    auto normed = (padded / q.absmax.unsqueeze(1)).clamp(-1, 1).reshape(-1);
+    auto codes = q.codes.reshape(-1).to(torch::kLong).contiguous();
+    auto na = normed.contiguous();
+    const float* xp = na.data_ptr<float>();
+    const int64_t* cp = codes.data_ptr<int64_t>();
+    for (std::int64_t i = 0; i < n; ++i) bad += look(xp[i]) != cp[i];
+    CHECK(bad == 0);
+  }
+}

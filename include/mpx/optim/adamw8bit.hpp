@@ -11,7 +11,11 @@
 
 #include <torch/torch.h>  // torch::optim::Optimizer, torch::optim::AdamWOptions
 
+#include <ATen/Parallel.h>  // at::parallel_for
+
+#include <algorithm>      // std::clamp
 #include <cmath>          // std::pow, std::sqrt
+#include <cstring>        // std::memcpy
 #include <string>         // std::string
 #include <unordered_map>  // std::unordered_map
 #include <vector>         // std::vector
@@ -82,6 +86,100 @@ inline at::Tensor dequantize(const Quantized& q, const at::Tensor& code, at::Int
   return v.reshape(-1).narrow(0, 0, q.numel).view(shape);
 }
 
+namespace detail
+{
+/// Nearest-code lookup in O(1): a table indexed by the upper 16 bits of a float (sign, exponent, 7
+/// mantissa bits) gives the first code at or above the bucket's smallest value; a value then needs at
+/// most a step or two forward. Ties go to the lower code, as in `quantize`.
+struct CodeLookup
+{
+  std::vector<float> code;
+  std::vector<std::uint16_t> first;  // per bucket: first index with code >= the bucket's minimum
+  explicit CodeLookup(const at::Tensor& c) : code(c.data_ptr<float>(), c.data_ptr<float>() + c.numel()), first(65536)
+  {
+    for (std::uint32_t k = 0; k < 65536; ++k) {
+      const std::uint32_t bits = (k & 0x8000) ? ((k << 16) | 0xFFFF) : (k << 16);  // most negative / smallest positive
+      float lo;
+      std::memcpy(&lo, &bits, 4);
+      if (std::isnan(lo)) lo = 0;
+      first[k] = std::uint16_t(std::lower_bound(code.begin(), code.end(), lo) - code.begin());
+    }
+  }
+  int operator()(float x) const
+  {
+    std::uint32_t bits;
+    std::memcpy(&bits, &x, 4);
+    int i = first[bits >> 16];
+    const int n = int(code.size());
+    while (i < n && code[std::size_t(i)] < x) ++i;
+    if (i >= n) return n - 1;
+    if (i == 0) return 0;
+    return (x - code[std::size_t(i) - 1]) <= (code[std::size_t(i)] - x) ? i - 1 : i;
+  }
+};
+inline const CodeLookup& signed_lookup()
+{
+  static const CodeLookup l(signed_code());
+  return l;
+}
+inline const CodeLookup& unsigned_lookup()
+{
+  static const CodeLookup l(unsigned_code());
+  return l;
+}
+
+/// One AdamW step of a CPU fp32 parameter whose moments are 8-bit, fused block by block: dequantize,
+/// update the moments and the parameter, requantize. Same arithmetic as the tensor path, one pass over memory.
+inline void fused_step_8bit(at::Tensor& p, const at::Tensor& g, Quantized& m8, Quantized& v8, bool first, double lr, double b1, double b2,
+                            double eps, double wd, double c1, double c2)
+{
+  const std::int64_t n = p.numel(), blocks = (n + quant_block - 1) / quant_block;
+  if (first) {
+    m8.codes = torch::empty({blocks * quant_block}, torch::kUInt8), v8.codes = torch::empty({blocks * quant_block}, torch::kUInt8);
+    m8.absmax = torch::empty({blocks}), v8.absmax = torch::empty({blocks});
+    m8.numel = v8.numel = n;
+  }
+  const float* sc = signed_code().data_ptr<float>();
+  const float* uc = unsigned_code().data_ptr<float>();
+  const CodeLookup &sl = signed_lookup(), &ul = unsigned_lookup();
+  float* pp = p.data_ptr<float>();
+  const float* gp = g.data_ptr<float>();
+  std::uint8_t *mc = m8.codes.data_ptr<std::uint8_t>(), *vc = v8.codes.data_ptr<std::uint8_t>();
+  float *ma = m8.absmax.data_ptr<float>(), *va = v8.absmax.data_ptr<float>();
+  const float fb1 = float(b1), fb2 = float(b2), f1b1 = float(1 - b1), f1b2 = float(1 - b2), decay = float(1 - lr * wd), fc2 = float(c2),
+              feps = float(eps), step_size = float(-lr / c1);
+  at::parallel_for(0, blocks, 16, [&](std::int64_t b0, std::int64_t b1_) {
+    float m[quant_block], v[quant_block];
+    for (std::int64_t b = b0; b < b1_; ++b) {
+      const std::int64_t off = b * quant_block, len = std::min(quant_block, n - off);
+      float am = 0, av = 0;
+      for (std::int64_t i = 0; i < len; ++i) {
+        float mi = first ? 0.0f : sc[mc[off + i]] * ma[b];
+        float vi = first ? 0.0f : uc[vc[off + i]] * va[b];
+        const float gi = gp[off + i];
+        mi = mi * fb1 + f1b1 * gi;
+        vi = vi * fb2 + f1b2 * gi * gi;
+        float pi = pp[off + i] * decay;
+        pp[off + i] = pi + step_size * (mi / (std::sqrt(vi / fc2) + feps));
+        m[i] = mi, v[i] = vi;
+        am = std::max(am, std::abs(mi)), av = std::max(av, std::abs(vi));
+      }
+      am = std::max(am, 1e-30f), av = std::max(av, 1e-30f);
+      ma[b] = am, va[b] = av;
+      const int zero_s = sl(0.0f), zero_u = ul(0.0f);
+      for (std::int64_t i = 0; i < quant_block; ++i) {
+        if (i < len) {
+          mc[off + i] = std::uint8_t(sl(std::clamp(m[i] / am, -1.0f, 1.0f)));
+          vc[off + i] = std::uint8_t(ul(std::clamp(v[i] / av, -1.0f, 1.0f)));
+        } else {  // padding of the last block: zero, as the tensor path pads
+          mc[off + i] = std::uint8_t(zero_s), vc[off + i] = std::uint8_t(zero_u);
+        }
+      }
+    }
+  });
+}
+}  // namespace detail
+
 /// AdamW with 8-bit block-wise moments (see the file comment).
 class AdamW8bitOptimizer : public torch::optim::Optimizer
 {
@@ -109,6 +207,13 @@ class AdamW8bitOptimizer : public torch::optim::Optimizer
         auto& s = state_[p.unsafeGetTensorImpl()];
         const auto g = p.grad().to(torch::kFloat);
         const bool eight = p.numel() >= min_8bit_;
+        if (eight && p.device().is_cpu() && p.scalar_type() == at::kFloat && p.is_contiguous()) {
+          ++s.step;
+          const double c1 = 1 - std::pow(b1, double(s.step)), c2 = 1 - std::pow(b2, double(s.step));
+          auto pd = p.detach();
+          detail::fused_step_8bit(pd, g.contiguous(), s.m8, s.v8, s.step == 1, lr, b1, b2, eps, wd, c1, c2);
+          continue;
+        }
         at::Tensor m, v;
         if (s.step == 0) {
           m = torch::zeros_like(g);

@@ -81,6 +81,14 @@ struct LossScaler
 
   double scale() const { return enabled ? scale_ : 1.0; }
   long skipped() const { return skipped_; }
+  long good_steps() const { return good_; }
+  /// Restores the state a checkpoint recorded (scale, skipped and good steps since the last change).
+  void restore(double scale, long skipped, long good)
+  {
+    if (enabled) scale_ = scale;
+    skipped_ = skipped;
+    good_ = good;
+  }
 
   /// After the ranks agreed on `found_inf`: true if the step must be skipped.
   bool update(bool found_inf)

@@ -16,6 +16,8 @@
 /// ```
 
 #include <mpx/action.hpp>          // mpx::expand, mpx::op_name
+#include <mpx/fingerprint.hpp>     // mpx::fingerprint_v
+#include <mpx/io/safetensors.hpp>  // mpx::save_safetensors, mpx::load_safetensors
 #include <mpx/optim/adamw8bit.hpp>  // mpx::AdamW8bitOptimizer
 #include <mpx/pipeline.hpp>        // mpx::PipelineType, mpx::proof, mpx::table_v
 #include <mpx/runtime/checkpoint.hpp>  // mpx::checkpoint
@@ -32,6 +34,8 @@
 #include <fstream>     // std::ofstream
 #include <iostream>    // std::cout
 #include <cmath>       // std::isfinite, std::sqrt
+#include <filesystem>  // std::filesystem
+#include <map>         // std::map
 #include <functional>  // std::function
 #include <limits>      // std::numeric_limits
 #include <memory>      // std::unique_ptr
@@ -56,6 +60,12 @@ struct TrainOptions
   /// Called on every rank after the gradients are complete (reduced over replicas, still scaled by the
   /// loss scale) and before the inf/NaN check: inspect or edit them. `params` are stage `stage`'s.
   std::function<void(int stage, long step, const std::vector<at::Tensor>& params)> before_optimizer;
+  /// Run-time choices for programs that offer them as flags; each adds to what the stage policies say.
+  bool checkpoint_all = false;                 ///< checkpoint every stage, as if each had mpx::Checkpointed
+  std::optional<at::ScalarType> autocast;      ///< autocast every stage's forward (kBFloat16, kHalf) unless its policy says otherwise
+  /// Builds stage `stage`'s optimizer over its trainable parameters instead of its Optimizer policy
+  /// (return nullptr to keep the policy's).
+  std::function<std::unique_ptr<torch::optim::Optimizer>(int stage, const std::vector<at::Tensor>& params)> make_optimizer;
 };
 
 /// Splits a batch (a tensor or a Hana struct of tensors) into m micro-batches along dim 0.
@@ -215,6 +225,99 @@ class Trainer
     return st;
   }
 
+  /// This rank's module of stage I (a `config_error` if stage I lives on another rank).
+  template <int I>
+  module_t<I>& module()
+  {
+    if (!mine_[std::size_t(I)])
+      throw config_error("mpx::Trainer::module<" + std::to_string(I) + ">: stage " + std::to_string(I) + " lives on slot " +
+                         std::to_string(P::slots[I]) + ", this rank is slot " + std::to_string(w_.slot) + "; ask holds(" +
+                         std::to_string(I) + ") first");
+    return *std::get<I>(modules_);
+  }
+
+  /// Saves the training state (every stage's parameters, buffers and optimizer state, the step count and the
+  /// loss scaler) into directory `dir`. A collective: every rank calls it. Replica 0 writes its stages'
+  /// `stage<I>.safetensors` and `stage<I>.optimizer.pt`, rank 0 `trainer.json`; all into `dir.partial`,
+  /// which replaces `dir` only once every rank has finished, so a crash mid-save keeps the previous
+  /// checkpoint whole.
+  void save(const std::string& dir)
+  {
+    namespace fs = std::filesystem;
+    const std::string tmp = dir + ".partial";
+    if (w_.env.rank == 0) {
+      fs::remove_all(tmp);
+      fs::create_directories(tmp);
+    }
+    barrier("save: directory");
+    if (w_.replica == 0)
+      for (int s = 0; s < N; ++s) {
+        if (!mine_[std::size_t(s)]) continue;
+        save_safetensors(tmp + "/stage" + std::to_string(s) + ".safetensors", stage_state(s), {{"format", "pt"}, {"step", std::to_string(step_)}});
+        if (optimizers_[std::size_t(s)]) {
+          torch::serialize::OutputArchive ar;
+          optimizers_[std::size_t(s)]->save(ar);
+          ar.save_to(tmp + "/stage" + std::to_string(s) + ".optimizer.pt");
+        }
+      }
+    if (w_.env.rank == 0) {
+      const nlohmann::json j = {{"step", step_}, {"fingerprint", std::to_string(fingerprint_v<P>)}, {"stages", N},
+                                {"loss_scale", o_.scaler.scale()}, {"skipped", o_.scaler.skipped()}, {"good_steps", o_.scaler.good_steps()}};
+      std::ofstream(tmp + "/trainer.json") << j.dump(1) << "\n";
+    }
+    barrier("save: files");
+    if (w_.env.rank == 0) {
+      const std::string old = dir + ".old";
+      fs::remove_all(old);
+      if (fs::exists(dir)) fs::rename(dir, old);
+      fs::rename(tmp, dir);
+      fs::remove_all(old);
+    }
+    barrier("save: rename");
+  }
+
+  /// Restores what `save` wrote: parameters, buffers, optimizer states, step count and loss scaler. Errors
+  /// name the file and the fix (a checkpoint of another pipeline, a missing or corrupt file).
+  void load(const std::string& dir)
+  {
+    std::ifstream in(dir + "/trainer.json");
+    if (!in) throw config_error("mpx: no checkpoint at " + dir + " (trainer.json missing); pass the directory Trainer::save wrote");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const std::exception& e) {
+      throw config_error("mpx: " + dir + "/trainer.json is corrupt (" + e.what() + "); use an earlier checkpoint");
+    }
+    if (j.value("fingerprint", std::string()) != std::to_string(fingerprint_v<P>))
+      throw config_error("mpx: the checkpoint " + dir + " was saved by a different pipeline (fingerprint " + j.value("fingerprint", std::string("?")) +
+                         ", this one " + std::to_string(fingerprint_v<P>) + "); resume with the same Pipeline<...> type and layout");
+    for (int s = 0; s < N; ++s) {
+      if (!mine_[std::size_t(s)]) continue;
+      const std::string f = dir + "/stage" + std::to_string(s) + ".safetensors";
+      auto st = load_safetensors(f);
+      auto want = stage_state(s);
+      torch::NoGradGuard ng;
+      for (auto& [k, t] : want) {
+        auto it = st.tensors.find(k);
+        if (it == st.tensors.end() || it->second.sizes() != t.sizes())
+          throw config_error("mpx: " + f + ": tensor '" + k + "' is missing or has another shape; the checkpoint does not match this model");
+        t.copy_(it->second);
+      }
+      if (optimizers_[std::size_t(s)]) {
+        const std::string o = dir + "/stage" + std::to_string(s) + ".optimizer.pt";
+        try {
+          torch::serialize::InputArchive ar;
+          ar.load_from(o);
+          optimizers_[std::size_t(s)]->load(ar);
+        } catch (const std::exception& e) {
+          throw config_error("mpx: cannot restore the optimizer state from " + o + " (" + e.what() + "); the checkpoint is incomplete or corrupt");
+        }
+      }
+    }
+    step_ = j.at("step").get<long>();
+    o_.scaler.restore(j.value("loss_scale", o_.scaler.scale()), j.value("skipped", 0L), j.value("good_steps", 0L));
+  }
+
   /// This rank's parameters of stage `s` (empty if the stage lives elsewhere), in module order.
   std::vector<at::Tensor> parameters(int s) const { return mine_.at(std::size_t(s)) ? params_[std::size_t(s)] : std::vector<at::Tensor>{}; }
   bool holds(int s) const { return mine_.at(std::size_t(s)); }
@@ -306,6 +409,8 @@ class Trainer
     for (auto& p : params_[I])
       if (p.requires_grad()) trainable.push_back(p);
     if (trainable.empty() || S::frozen) return;
+    if (o_.make_optimizer)
+      if ((optimizers_[I] = o_.make_optimizer(I, trainable))) return;
     using O = typename S::optimizer;
     if constexpr (std::is_same_v<O, SGD>) {
       optimizers_[I] = std::make_unique<torch::optim::SGD>(
@@ -344,13 +449,14 @@ class Trainer
       std::optional<AutocastGuard> autocast;
       if constexpr (std::is_same_v<Prec, BF16>) autocast.emplace(w_.device.type(), true, at::kBFloat16);
       else if constexpr (std::is_same_v<Prec, FP16>) autocast.emplace(w_.device.type(), true, at::kHalf);
+      else if (o_.autocast) autocast.emplace(w_.device.type(), true, *o_.autocast);
       In x = detail::unflatten<In>(ts);
       if constexpr (requires { m->forward(x, b); }) return detail::flatten(m->forward(x, b));
       else if constexpr (requires { m->forward(x); }) return detail::flatten(m->forward(x));
       else if constexpr (requires { m.forward(x, b); }) return detail::flatten(m.forward(x, b));
       else return detail::flatten(m.forward(x));
     };
-    if constexpr (P::template stage<I>::checkpointed) {
+    if (P::template stage<I>::checkpointed || o_.checkpoint_all) {
       std::vector<at::Tensor> trainable;
       for (auto& p : params_[std::size_t(I)])
         if (p.requires_grad()) trainable.push_back(p);
@@ -503,6 +609,33 @@ class Trainer
       if (s == 0) st.inputs.clear();
     }
   }
+
+  void barrier(const char* what)
+  {
+    auto t = torch::zeros({1});
+    std::vector<at::Tensor> v{t};
+    try {
+      w_.world->allreduce(v)->wait(w_.timeout);
+    } catch (const std::exception& e) {
+      throw peer_error(std::string("mpx: rank ") + std::to_string(w_.env.rank) + ", " + what + ": a peer did not arrive: " + e.what());
+    }
+  }
+
+  /// Stage s's parameters and buffers by their module names, as CPU tensors that alias the module's.
+  std::map<std::string, at::Tensor> stage_state(int s)
+  {
+    std::map<std::string, at::Tensor> out;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((int(I) == s ? (collect(impl(*std::get<I>(modules_)), out), 0) : 0), ...);
+    }(std::make_index_sequence<N>{});
+    return out;
+  }
+  static void collect(torch::nn::Module& m, std::map<std::string, at::Tensor>& out)
+  {
+    for (auto& p : m.named_parameters()) out[p.key()] = p.value();
+    for (auto& b : m.named_buffers()) out[buffer_prefix + b.key()] = b.value();
+  }
+  static constexpr const char* buffer_prefix = "buffer.";
 
   // ---- data parallelism: one all-reduce per bucket, started when the stage's last backward is done
   struct Bucket

@@ -1,0 +1,247 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file examples/moondream/data.hpp
+/// Data for the moondream example:
+/// - `ShapesVqa`: the embedded default, generated visual questions about shapes (colour, kind, count,
+///   position), deterministic by seed and index, with a disjoint held-out split;
+/// - `JsonlVqa`: real data, JSONL lines of {"image", "question", "answer"} or DOCCI-style {"image",
+///   "description"} (asked as "Describe this image."), image paths relative to the file; a malformed line
+///   or a missing image is an error naming file and line;
+/// - `collate`: samples → one `moondream::Batch` (crops, tiling, prompt + answer tokens, answer targets).
+/// Images are decoded with stb_image (PNG, JPEG, BMP, GIF, ...).
+
+#include "config.hpp"     // moondream::Config
+#include "image.hpp"      // moondream::overlap_crops, normalize
+#include "model.hpp"      // moondream::Batch
+#include "tokenizer.hpp"  // moondream::Tokenizer
+
+#include <mpx/runtime/errors.hpp>  // mpx::config_error
+
+#include <nlohmann/json.hpp>  // nlohmann::json
+#include <stb/stb_image.h>    // stbi_load
+#include <stb/stb_image_write.h>  // stbi_write_png
+#include <torch/torch.h>
+
+#include <filesystem>  // std::filesystem
+#include <fstream>     // std::ifstream
+#include <random>      // std::mt19937_64
+#include <string>      // std::string
+#include <vector>      // std::vector
+
+namespace moondream
+{
+
+struct Sample
+{
+  at::Tensor image;  ///< (H, W, 3) uint8
+  std::string question, answer;
+  std::string kind;  ///< question family (generated set) or "" — for per-kind accuracy
+};
+
+class Dataset
+{
+ public:
+  virtual ~Dataset() = default;
+  virtual std::size_t size() const = 0;
+  virtual Sample get(std::size_t i) const = 0;
+};
+
+/// Decodes an image file to (H, W, 3) uint8.
+inline at::Tensor load_image(const std::string& path)
+{
+  int w = 0, h = 0, c = 0;
+  unsigned char* px = stbi_load(path.c_str(), &w, &h, &c, 3);
+  if (!px) throw mpx::config_error("moondream: cannot decode image " + path + " (" + (stbi_failure_reason() ? stbi_failure_reason() : "unknown") + ")");
+  auto t = torch::from_blob(px, {h, w, 3}, torch::kByte).clone();
+  stbi_image_free(px);
+  return t;
+}
+
+inline void save_png(const std::string& path, const at::Tensor& img_HWC)
+{
+  auto c = img_HWC.contiguous();
+  if (!stbi_write_png(path.c_str(), int(c.size(1)), int(c.size(0)), 3, c.data_ptr<uint8_t>(), int(c.size(1)) * 3))
+    throw mpx::config_error("moondream: cannot write " + path);
+}
+
+/// Generated visual questions. Kinds: "color" (one shape: what colour), "shape" (one shape: which kind),
+/// "count" (1–4 shapes: how many), "position" (two shapes side by side: is the <colour> one left or right).
+class ShapesVqa : public Dataset
+{
+ public:
+  static constexpr const char* colors[] = {"red", "green", "blue", "yellow"};
+  static constexpr const char* shapes[] = {"circle", "square", "triangle"};
+  static constexpr const char* counts[] = {"one", "two", "three", "four"};
+
+  ShapesVqa(std::size_t n, std::uint64_t seed, int image_size) : n_(n), seed_(seed), size_(image_size) {}
+  std::size_t size() const override { return n_; }
+
+  Sample get(std::size_t i) const override
+  {
+    std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull + 1);
+    auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };  // [lo, hi]
+    const int S = size_;
+    auto img = torch::empty({S, S, 3}, torch::kByte);
+    {  // light background with a little noise
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(rng());
+      img.copy_(torch::randint(200, 236, {S, S, 3}, gen, torch::kLong).to(torch::kByte));
+    }
+    const int kind = uni(0, 3);
+    Sample s;
+    struct Obj { int cx, cy, r, shape, color; };
+    std::vector<Obj> objs;
+    const int rmin = std::max(4, S / 10), rmax = std::max(rmin, S / 6);
+    auto place = [&](int n, int x_lo, int x_hi) {  // non-overlapping shapes with centres x in [x_lo, x_hi]
+      for (int tries = 0; int(objs.size()) < n && tries < 1000; ++tries) {
+        const int r = uni(rmin, rmax);
+        Obj o{uni(std::max(r, x_lo), std::min(S - 1 - r, x_hi)), uni(r, S - 1 - r), r, uni(0, 2), uni(0, 3)};
+        bool ok = true;
+        for (auto& p : objs) ok = ok && (std::hypot(p.cx - o.cx, p.cy - o.cy) > p.r + o.r + 2);
+        if (ok) objs.push_back(o);
+      }
+    };
+    if (kind == 0 || kind == 1) {
+      place(1, 0, S);
+      s.kind = kind == 0 ? "color" : "shape";
+      s.question = kind == 0 ? "What color is the shape?" : "What shape is it?";
+      s.answer = kind == 0 ? colors[objs[0].color] : shapes[objs[0].shape];
+    } else if (kind == 2) {
+      const int n = uni(1, 4);
+      place(n, 0, S);
+      s.kind = "count";
+      s.question = "How many shapes are there?";
+      s.answer = counts[objs.size() - 1];
+    } else {
+      place(1, 0, S / 2 - rmax);
+      place(2, S / 2 + rmax, S);
+      while (objs.size() == 2 && objs[1].color == objs[0].color) objs[1].color = uni(0, 3);
+      const int which = uni(0, 1);
+      s.kind = "position";
+      s.question = std::string("Is the ") + colors[objs[which].color] + " shape on the left or the right?";
+      s.answer = which == 0 ? "left" : "right";
+    }
+    static const uint8_t rgb[4][3] = {{220, 30, 30}, {30, 170, 40}, {30, 60, 220}, {235, 200, 20}};
+    auto a = img.accessor<uint8_t, 3>();
+    for (auto& o : objs)
+      for (int y = std::max(0, o.cy - o.r); y <= std::min(S - 1, o.cy + o.r); ++y)
+        for (int x = std::max(0, o.cx - o.r); x <= std::min(S - 1, o.cx + o.r); ++x) {
+          const int dx = x - o.cx, dy = y - o.cy;
+          bool in = o.shape == 0 ? dx * dx + dy * dy <= o.r * o.r
+                    : o.shape == 1 ? std::abs(dx) <= o.r * 4 / 5 && std::abs(dy) <= o.r * 4 / 5
+                                   : 2 * std::abs(dx) <= (dy + o.r);  // apex up, base at cy + r
+          if (in)
+            for (int ch = 0; ch < 3; ++ch) a[y][x][ch] = rgb[o.color][ch];
+        }
+    s.image = img;
+    return s;
+  }
+
+ private:
+  std::size_t n_;
+  std::uint64_t seed_;
+  int size_;
+};
+
+/// JSONL of {"image", "question", "answer"} or {"image", "description"}; images relative to the file.
+class JsonlVqa : public Dataset
+{
+ public:
+  explicit JsonlVqa(const std::string& path)
+  {
+    std::ifstream in(path);
+    if (!in) throw mpx::config_error("moondream: cannot read data file " + path + "; pass a JSONL file (--data)");
+    const auto dir = std::filesystem::path(path).parent_path();
+    std::string line;
+    for (int no = 1; std::getline(in, line); ++no) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const std::string where = path + ":" + std::to_string(no);
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const std::exception& e) {
+        throw mpx::config_error("moondream: " + where + ": not a JSON object (" + e.what() + "); fix or remove the line");
+      }
+      auto str = [&](const char* k) -> std::string {
+        if (!j.is_object() || !j.contains(k) || !j[k].is_string())
+          throw mpx::config_error("moondream: " + where + ": missing string field \"" + k +
+                                  "\"; a line is {\"image\", \"question\", \"answer\"} or {\"image\", \"description\"}");
+        return j[k].get<std::string>();
+      };
+      Item it;
+      auto img = std::filesystem::path(str("image"));
+      it.image = (img.is_absolute() ? img : dir / img).string();
+      if (j.is_object() && j.contains("description")) {
+        it.question = "Describe this image.";
+        it.answer = str("description");
+      } else {
+        it.question = str("question");
+        it.answer = str("answer");
+      }
+      if (!std::filesystem::exists(it.image))
+        throw mpx::config_error("moondream: " + where + ": image " + it.image + " does not exist; fix the path (relative to the JSONL file)");
+      it.where = where;
+      items_.push_back(std::move(it));
+    }
+    if (items_.empty()) throw mpx::config_error("moondream: " + path + " holds no samples");
+  }
+  std::size_t size() const override { return items_.size(); }
+  Sample get(std::size_t i) const override
+  {
+    const auto& it = items_.at(i);
+    try {
+      return {load_image(it.image), it.question, it.answer, ""};
+    } catch (const mpx::config_error& e) {
+      throw mpx::config_error(it.where + ": " + e.what());
+    }
+  }
+
+ private:
+  struct Item { std::string image, question, answer, where; };
+  std::vector<Item> items_;
+};
+
+/// The era-A prompt of a question: "\n\nQuestion: <q>\n\nAnswer:" (as finetune_text.py tokenises it).
+inline std::vector<int> prompt_ids(const Tokenizer& tok, const std::string& question)
+{
+  return tok.encode("\n\nQuestion: " + question + "\n\nAnswer:");
+}
+
+/// Samples → one batch: crops padded to the largest count, tokens right-padded with EOS; the targets are
+/// the answer tokens (" " + answer, then EOS), -100 elsewhere.
+inline Batch collate(const std::vector<Sample>& samples, const Tokenizer& tok, const Config& c)
+{
+  const auto B = int64_t(samples.size());
+  std::vector<at::Tensor> crops;
+  std::vector<int64_t> tiling;
+  std::vector<std::vector<int64_t>> toks, tgts;
+  int64_t nmax = 0, lmax = 0;
+  for (auto& s : samples) {
+    auto cr = overlap_crops(s.image, c.vision);
+    crops.push_back(normalize(cr.pixels));
+    tiling.push_back(cr.rows), tiling.push_back(cr.cols);
+    nmax = std::max(nmax, cr.pixels.size(0));
+    auto p = prompt_ids(tok, s.question);
+    auto a = tok.encode(" " + s.answer);
+    a.push_back(c.tokenizer.eos_id);
+    std::vector<int64_t> t(p.begin(), p.end()), g(p.size(), ignore_index);
+    t.insert(t.end(), a.begin(), a.end());
+    g.insert(g.end(), a.begin(), a.end());
+    if (int64_t(t.size()) + c.prefix() > c.text.max_context)
+      throw mpx::config_error("moondream: a sample has " + std::to_string(t.size()) + " tokens; with the image prefix that exceeds text.max_context (" +
+                              std::to_string(c.text.max_context) + "); shorten the answer or raise max_context");
+    lmax = std::max(lmax, int64_t(t.size()));
+    toks.push_back(std::move(t)), tgts.push_back(std::move(g));
+  }
+  const int S = c.vision.crop_size;
+  auto crops_t = torch::zeros({B, nmax, c.vision.in_channels, S, S});
+  auto tokens = torch::full({B, lmax}, int64_t(c.tokenizer.eos_id), torch::kLong);
+  auto targets = torch::full({B, lmax}, ignore_index, torch::kLong);
+  for (int64_t i = 0; i < B; ++i) {
+    crops_t[i].narrow(0, 0, crops[i].size(0)).copy_(crops[i]);
+    tokens[i].narrow(0, 0, int64_t(toks[i].size())).copy_(torch::tensor(toks[i], torch::kLong));
+    targets[i].narrow(0, 0, int64_t(tgts[i].size())).copy_(torch::tensor(tgts[i], torch::kLong));
+  }
+  return {crops_t, torch::tensor(tiling, torch::kLong).view({B, 2}), tokens, targets};
+}
+
+}  // namespace moondream

@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file examples/moondream/layouts.hpp
+/// The pipelines `moondream_train` offers, one type each: where every part of moondream runs.
+/// The recipe's optimizer (8-bit AdamW) is a stage policy; the decoder's depth comes from the JSON config,
+/// so its text stages split it into equal layer ranges at run time (`split_layers`) rather than with
+/// compile-time `mpx::Layers<b, e>`.
+
+#include "model.hpp"  // moondream::Vision, Text, Batch
+
+#include <mpx/mpx.hpp>
+
+#ifndef MOONDREAM_MICROBATCHES
+#define MOONDREAM_MICROBATCHES 4
+#endif
+
+namespace moondream
+{
+
+/// vision | text — the seed's split: the encoder on one device, the decoder on the next.
+template <class Schedule>
+using TwoStage = mpx::Pipeline<mpx::Stage<Vision, mpx::GPU<0>, mpx::Optimizer<mpx::AdamW8bit>>,
+                               mpx::Stage<Text, mpx::GPU<1>, mpx::Optimizer<mpx::AdamW8bit>, mpx::Reads<"tokens">>,
+                               mpx::Batch<Batch>, mpx::Schedule<Schedule>, mpx::Microbatches<MOONDREAM_MICROBATCHES>>;
+
+/// vision | text [0, n/3) | text [n/3, 2n/3) | text [2n/3, n) — the decoder over three devices.
+template <class Schedule>
+using FourStage = mpx::Pipeline<mpx::Stage<Vision, mpx::GPU<0>, mpx::Optimizer<mpx::AdamW8bit>>,
+                                mpx::Stage<Text, mpx::GPU<1>, mpx::Optimizer<mpx::AdamW8bit>, mpx::Reads<"tokens">>,
+                                mpx::Stage<Text, mpx::GPU<2>, mpx::Optimizer<mpx::AdamW8bit>>,
+                                mpx::Stage<Text, mpx::GPU<3>, mpx::Optimizer<mpx::AdamW8bit>>,
+                                mpx::Batch<Batch>, mpx::Schedule<Schedule>, mpx::Microbatches<MOONDREAM_MICROBATCHES>>;
+
+struct Options;
+int train_two_stage(const Options& o);   // train_two_stage.cpp
+int train_four_stage(const Options& o);  // train_four_stage.cpp
+
+}  // namespace moondream

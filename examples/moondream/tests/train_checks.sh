@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Multi-process checks of moondream_train, each with real ranks on loopback (free ports: mpx picks them
+# when MASTER_PORT is unset) and bounded time:
+#   parity2 | parity4: 10 steps of the 2-/4-stage pipeline match one process (plain LibTorch), loss
+#                      within 1e-5 relative every step, and every weight at the end within 1e-4
+#   dp:       2 replicas x 2 stages match one process computing the same global batch
+#   resume:   a run resumed from its step-3 checkpoint repeats the uninterrupted run's losses
+#   errors:   bad input stops with a message that names the fix
+#   demo:     the main job, short: trains from scratch on 2 ranks, then moondream_query answers
+# Usage: train_checks.sh CHECK MOONDREAM_TRAIN WORKDIR [MOONDREAM_QUERY]
+set -euo pipefail
+check=$1 train=$2 work=$3/$1 query=${4:-}
+rm -rf "$work" && mkdir -p "$work"
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+small=(--config tiny --microbatch-size 2 --eval-samples 0 --quiet --timeout 60 --optimizer adamw8bit)
+
+# compare A.jsonl B.jsonl [from-step]: losses within 1e-5 relative, step for step
+compare() {
+  python3 - "$@" <<'PY'
+import json, sys
+a = {j["step"]: j["loss"] for j in map(json.loads, open(sys.argv[1]))}
+b = {j["step"]: j["loss"] for j in map(json.loads, open(sys.argv[2]))}
+first = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+steps = sorted(s for s in b if s >= first)
+assert steps and all(s in a for s in steps), f"steps differ: {sorted(a)} vs {sorted(b)}"
+worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in steps)
+for s in steps: print(f"step {s}: {a[s]:.8f} {b[s]:.8f}")
+print(f"{len(steps)} steps, worst relative loss difference {worst:.2e}")
+sys.exit(0 if worst <= 1e-5 else 1)
+PY
+}
+# weights A B: every tensor of the exported models within 1e-4 relative (max abs diff / max abs)
+weights() {
+  python3 - "$@" <<'PY'
+import json, struct, sys, os, array
+def load(path):
+    files = [os.path.join(path, f) for f in sorted(os.listdir(path)) if f.endswith(".safetensors")] if os.path.isdir(path) else [path]
+    out = {}
+    for f in files:
+        with open(f, "rb") as h:
+            n = struct.unpack("<Q", h.read(8))[0]
+            head = json.loads(h.read(n)); data = h.read()
+        for k, v in head.items():
+            if k == "__metadata__": continue
+            assert v["dtype"] == "F32"
+            b, e = v["data_offsets"]; out[k] = array.array("f", data[b:e])
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert a.keys() == b.keys(), f"different tensors: {set(a) ^ set(b)}"
+worst = 0.0
+for k in a:
+    scale = max(max(map(abs, a[k])), 1e-12)
+    worst = max(worst, max(abs(x - y) for x, y in zip(a[k], b[k])) / scale)
+print(f"{len(a)} tensors, worst relative weight difference {worst:.2e}")
+sys.exit(0 if worst <= 1e-4 else 1)
+PY
+}
+
+case $check in
+  parity2|parity4)
+    layout=${check#parity}
+    "$train" "${small[@]}" --layout 1 --steps 10 --save "$work/single" --metrics "$work/single.jsonl"
+    "$train" "${small[@]}" --layout "$layout" --schedule 1f1b --steps 10 --save "$work/pipe" --metrics "$work/pipe.jsonl"
+    compare "$work/single.jsonl" "$work/pipe.jsonl"
+    weights "$work/single/model" "$work/pipe/model"
+    if [ "$layout" = 2 ]; then  # the other schedules walk other tables to the same numbers
+      for s in gpipe zbh1; do
+        "$train" "${small[@]}" --layout 2 --schedule $s --steps 4 --metrics "$work/$s.jsonl"
+        compare "$work/single.jsonl" "$work/$s.jsonl"
+      done
+    fi
+    ;;
+  dp)
+    "$train" "${small[@]}" --layout 1 --emulate-replicas 2 --steps 6 --metrics "$work/single.jsonl"
+    "$train" "${small[@]}" --layout 2x2 --steps 6 --metrics "$work/dp.jsonl"
+    compare "$work/single.jsonl" "$work/dp.jsonl"
+    ;;
+  resume)
+    "$train" "${small[@]}" --layout 2 --steps 6 --save "$work/full" --metrics "$work/full.jsonl"
+    "$train" "${small[@]}" --layout 2 --steps 6 --save "$work/part" --save-every 3 --metrics "$work/part.jsonl" &
+    pid=$!
+    # stop the run once its step-3 checkpoint exists, as a crash would (the launcher ends every rank)
+    for _ in $(seq 600); do [ -f "$work/part/checkpoint/trainer.json" ] && break; sleep 0.1; done
+    kill -TERM $pid 2>/dev/null || true
+    wait $pid 2>/dev/null || true
+    step=$(python3 -c "import json; print(json.load(open('$work/part/checkpoint/trainer.json'))['step'])")
+    echo "checkpoint at step $step"
+    "$train" "${small[@]}" --layout 2 --steps 6 --save "$work/part" --resume "$work/part" --metrics "$work/resumed.jsonl"
+    compare "$work/full.jsonl" "$work/resumed.jsonl" "$step"
+    weights "$work/full/model" "$work/part/model"
+    ;;
+  errors)
+    expect() {  # expect TEXT command...: fails, and says TEXT
+      local text=$1; shift
+      if out=$("$@" 2>&1); then echo "did not fail: $*"; exit 1; fi
+      grep -qF -- "$text" <<<"$out" || { echo "expected '$text' in:"; echo "$out"; exit 1; }
+      echo "ok: $text"
+    }
+    printf '{"image": "nope.png", "question": "q", "answer": "a"}\n' > "$work/bad.jsonl"
+    expect "bad.jsonl:1: image" "$train" "${small[@]}" --layout 1 --steps 1 --data "$work/bad.jsonl"
+    printf 'not json\n' > "$work/bad2.jsonl"
+    expect "bad2.jsonl:1: not a JSON object" "$train" "${small[@]}" --layout 2 --steps 1 --data "$work/bad2.jsonl"
+    expect "no tokenizer at" "$train" "${small[@]}" --layout 1 --steps 1 --tokenizer /nonexistent
+    expect "shipped names" "$train" "${small[@]}" --layout 1 --steps 1 --config nope
+    "$train" "${small[@]}" --layout 2 --steps 1 --save "$work/ok"
+    expect "mis-shaped" "$train" "${small[@]}" --layout 1 --steps 1 --config tiny-reference --weights "$work/ok/model"
+    expect "different pipeline" "$train" "${small[@]}" --layout 4 --steps 2 --save "$work/ok" --resume "$work/ok"
+    cp -r "$work/ok" "$work/corrupt" && head -c 100 "$work/ok/checkpoint/stage1.safetensors" > "$work/corrupt/checkpoint/stage1.safetensors"
+    expect "stage1.safetensors" "$train" "${small[@]}" --layout 2 --steps 2 --resume "$work/corrupt"
+    test -f "$work/ok/checkpoint/trainer.json"  # a failed resume leaves the saved checkpoint alone
+    ;;
+  demo)
+    "$train" --steps 40 --eval-samples 40 --save "$work/run" --log-every 10 | tee "$work/log"
+    grep -q "held-out accuracy after training" "$work/log"
+    test -s "$work/run/metrics.jsonl" && test -s "$work/run/loss.svg" && test -f "$work/run/checkpoint/trainer.json"
+    "$query" --weights "$work/run/model" --generated 0 -q "What color is the shape?" -q "How many shapes are there?" | tee "$work/query"
+    grep -q "^A:" "$work/query"
+    echo "moondream demo: ok"
+    ;;
+  *) echo "unknown check $check"; exit 2 ;;
+esac

@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+// moondream_train: fine-tunes (or trains from scratch) moondream with mpx. Started without RANK, it launches
+// its own local ranks (one per pipeline stage and replica); under mpxrun or torchrun it is one rank.
+//
+//   moondream_train                                  # the demo: tiny config, generated shapes, 2 CPU ranks
+//   moondream_train --layout 4 --schedule zbh1       # vision | text x 3
+//   moondream_train --config md2 --weights model.safetensors --tokenizer tokenizer.json --data docci.jsonl
+//
+// See docs/04_moondream.md for the layouts, the recipe and the real md2 weights.
+#include "layouts.hpp"
+#include "train.hpp"
+
+#include <CLI/CLI.hpp>
+
+int main(int argc, char** argv)
+{
+  moondream::Options o;
+  CLI::App app{"moondream_train: fine-tune moondream with mpx (pipeline / data parallel)"};
+  app.add_option("--config", o.config, "tiny | tiny-reference | medium | md05 | md2 | path.json")->capture_default_str();
+  app.add_option("--weights", o.weights, "safetensors file or directory of shards (either naming scheme); default: fresh init");
+  app.add_option("--tokenizer", o.tokenizer, "tokenizer.json, or a directory with it or with GPT-2's encoder.json + vocab.bpe")->capture_default_str();
+  app.add_option("--data", o.data, "'generated' (shapes VQA) or a JSONL of {image, question, answer} / {image, description}")->capture_default_str();
+  app.add_option("--eval-data", o.eval_data, "held-out JSONL (the generated set has its own held-out split)");
+  app.add_option("--layout", o.layout, "1 (one process, plain LibTorch), 2 (vision | text), 4 (vision | text x 3), 2x2 (2 replicas x 2 stages)")
+      ->check(CLI::IsMember({"1", "2", "4", "2x2"}))->capture_default_str();
+  app.add_option("--schedule", o.schedule, "gpipe | 1f1b | zbh1")->check(CLI::IsMember({"gpipe", "1f1b", "zbh1"}))->capture_default_str();
+  app.add_option("--microbatch-size", o.microbatch_size, "samples per micro-batch (a step is " + std::to_string(o.microbatches()) + " micro-batches per replica)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--epochs", o.epochs, "if set: steps = epochs x samples / global batch");
+  app.add_option("--lr", o.lr, "peak learning rate; default 3e-6 when fine-tuning (--weights), 2e-3 from scratch");
+  app.add_option("--warmup", o.warmup, "warm-up fraction of the steps (then cosine to 0.1 x lr)")->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay)->capture_default_str();
+  app.add_option("--clip", o.clip, "global gradient-norm clipping; 0: off")->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "adamw8bit (the recipe) | adamw")->check(CLI::IsMember({"adamw8bit", "adamw"}))->capture_default_str();
+  app.add_option("--precision", o.precision, "fp32 | bf16 (autocast, fp32 master weights)")->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+  app.add_flag("--checkpoint", o.checkpoint, "activation checkpointing of every stage");
+  app.add_option("--freeze-vision", o.freeze_vision, "auto (frozen when fine-tuning --weights) | on | off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
+  app.add_option("--save", o.save, "directory for checkpoint/, model/, metrics.jsonl, loss.svg");
+  app.add_option("--save-every", o.save_every, "also checkpoint every N steps");
+  app.add_option("--resume", o.resume, "continue from <dir>/checkpoint (same layout and config)");
+  app.add_option("--eval-samples", o.eval_samples, "held-out questions answered before and after training")->capture_default_str();
+  app.add_option("--train-samples", o.train_samples, "size of the generated training set")->capture_default_str();
+  app.add_option("--image-size", o.image_size, "generated image side in pixels (default: the config's crop size)");
+  app.add_option("--seed", o.seed)->capture_default_str();
+  app.add_option("--metrics", o.metrics, "metrics JSONL (default <save>/metrics.jsonl)");
+  app.add_option("--plot", o.plot, "loss curve SVG (default <save>/loss.svg)");
+  app.add_option("--timeout", o.timeout_s, "seconds any wait for a peer may take")->capture_default_str();
+  app.add_option("--log-every", o.log_every)->capture_default_str();
+  app.add_flag("--quiet", o.quiet, "no progress lines");
+  app.add_option("--emulate-replicas", o.emulate_replicas, "layout 1: reproduce the global batch of N data-parallel replicas (parity reference)")
+      ->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (o.layout == "1") return moondream::train_single(o);
+    const int nproc = o.layout == "4" || o.layout == "2x2" ? 4 : 2;
+    if (const int status = mpx::relaunch_self(nproc, argc, argv); status >= 0) return status;
+    return o.layout == "4" ? moondream::train_four_stage(o) : moondream::train_two_stage(o);
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
+  }
+}
