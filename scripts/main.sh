@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Builds mpx and runs the main job: the example pipeline on two CPU ranks.
+# The main job: builds mpx and the moondream example, trains the tiny moondream from scratch on the
+# generated shapes questions with 2 pipeline ranks on CPU (vision | text), prints held-out accuracy before
+# and after, then answers questions about a held-out picture with moondream_query.
+# Usage: scripts/main.sh [moondream_train flags...]   (e.g. --layout 4, --schedule zbh1, --steps 100)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${MPX_BUILD_DIR:-build}
@@ -7,6 +10,11 @@ bash scripts/install-deps.sh "$build/npm"
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++ \
   -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
-cmake --build "$build" -j "$(nproc)" --target hello_pipeline
-if [ $# -eq 0 ]; then set -- 60 "$build/hello_pipeline_trace.json"; fi  # steps, trace file
-"$build/examples/hello_pipeline/hello_pipeline" "$@"
+cmake --build "$build" -j "$(nproc)" --target moondream_train moondream_query
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1  # one intra-op thread per rank, one rank per core
+run="$build/moondream-demo"
+"$build/examples/moondream/moondream_train" --save "$run" "$@"
+for n in 0 1 2; do
+  "$build/examples/moondream/moondream_query" --weights "$run/model" --generated $n \
+    -q "What color is the shape?" -q "What shape is it?" -q "How many shapes are there?"
+done

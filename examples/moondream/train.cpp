@@ -16,6 +16,7 @@ int main(int argc, char** argv)
 {
   moondream::Options o;
   CLI::App app{"moondream_train: fine-tune moondream with mpx (pipeline / data parallel)"};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides an earlier one
   app.add_option("--config", o.config, "tiny | tiny-reference | medium | md05 | md2 | path.json")->capture_default_str();
   app.add_option("--weights", o.weights, "safetensors file or directory of shards (either naming scheme); default: fresh init");
   app.add_option("--tokenizer", o.tokenizer, "tokenizer.json, or a directory with it or with GPT-2's encoder.json + vocab.bpe")->capture_default_str();

@@ -43,7 +43,7 @@ struct Options
   std::string layout = "2";      ///< 1 (one process, no mpx), 2 (vision | text), 4 (vision | text ×3), 2x2 (2 replicas × 2 stages)
   std::string schedule = "1f1b"; ///< gpipe, 1f1b, zbh1
   int microbatch_size = 8;       ///< samples per micro-batch; a step is MOONDREAM_MICROBATCHES micro-batches per replica
-  long steps = 300;
+  long steps = 240;  // the demo: about 4.5 minutes of training on 2 cores
   double epochs = 0;             ///< if > 0: steps = epochs × train samples / global batch
   double lr = 0;                 ///< 0: the recipe's (3e-6 fine-tuning with --weights, 2e-3 from scratch)
   double warmup = 0.1;           ///< fraction of the steps
