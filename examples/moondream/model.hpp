@@ -18,6 +18,7 @@
 #include "image.hpp"   // moondream::patchify, reconstruct, pool_tokens
 
 #include <boost/hana/define_struct.hpp>  // BOOST_HANA_DEFINE_STRUCT
+#include <mpx/runtime/checkpoint.hpp>    // mpx::checkpoint_block (a plain call unless a stage checkpoints blocks)
 #include <torch/torch.h>                 // torch::nn
 
 #include <cmath>   // std::sqrt, std::pow
@@ -129,7 +130,10 @@ struct VisionImpl : torch::nn::Module
   torch::Tensor encode(const torch::Tensor& crops_NCSS)
   {
     auto x = patch_emb(patchify(crops_NCSS, cfg)) + pos_emb;
-    for (auto& b : *blocks) x = b->as<VisionBlockImpl>()->forward(x);
+    for (auto& b : *blocks) {  // each block checkpointable (mpx::CheckpointBlocks / --checkpoint blocks)
+      auto* blk = b->as<VisionBlockImpl>();
+      x = mpx::checkpoint_block(*blk, [blk](const torch::Tensor& t) { return blk->forward(t); }, x);
+    }
     return post_ln(x);
   }
 
@@ -298,8 +302,16 @@ struct TextImpl : torch::nn::Module
     const int64_t past = cache ? cache->length() : 0;
     auto mask = text_mask(x.size(1), past, cfg.prefix(), x.device());
     if (cache && cache->k.empty()) cache->k.resize(blocks->size()), cache->v.resize(blocks->size());
-    for (std::size_t i = 0; i < blocks->size(); ++i)
-      x = (*blocks)[i]->as<TextBlockImpl>()->forward(x, rope, pos0, mask, cache ? &cache->k[i] : nullptr, cache ? &cache->v[i] : nullptr);
+    for (std::size_t i = 0; i < blocks->size(); ++i) {
+      auto* blk = (*blocks)[i]->as<TextBlockImpl>();
+      if (cache) {  // decoding: no gradients, nothing to checkpoint
+        x = blk->forward(x, rope, pos0, mask, &cache->k[i], &cache->v[i]);
+        continue;
+      }
+      // checkpointable; the closure outlives this call (it reruns in backward): everything by value
+      x = mpx::checkpoint_block(
+          *blk, [blk, rope = rope, pos0, mask](const torch::Tensor& t) { return blk->forward(t, rope, pos0, mask, nullptr, nullptr); }, x);
+    }
     return x;
   }
   torch::Tensor head(const torch::Tensor& h) { return lm_head(post_ln(h)); }

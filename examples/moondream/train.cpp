@@ -30,12 +30,14 @@ int main(int argc, char** argv)
   app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   app.add_option("--epochs", o.epochs, "if set: steps = epochs x samples / global batch");
   app.add_option("--lr", o.lr, "peak learning rate; default 3e-6 when fine-tuning (--weights), 2e-3 from scratch");
+  app.add_option("--vision-lr-scale", o.vision_lr_scale, "the vision stage learns at lr x this")->capture_default_str();
   app.add_option("--warmup", o.warmup, "warm-up fraction of the steps (then cosine to 0.1 x lr)")->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay)->capture_default_str();
   app.add_option("--clip", o.clip, "global gradient-norm clipping; 0: off")->capture_default_str();
   app.add_option("--optimizer", o.optimizer, "adamw8bit (the recipe) | adamw")->check(CLI::IsMember({"adamw8bit", "adamw"}))->capture_default_str();
   app.add_option("--precision", o.precision, "fp32 | bf16 (autocast, fp32 master weights)")->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   app.add_flag("--checkpoint", o.checkpoint, "activation checkpointing of every stage");
+  app.add_flag("--checkpoint-blocks", o.checkpoint_blocks, "activation checkpointing of every block (vision and text)");
   app.add_option("--freeze-vision", o.freeze_vision, "auto (frozen when fine-tuning --weights) | on | off")
       ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
   app.add_option("--save", o.save, "directory for checkpoint/, model/, metrics.jsonl, loss.svg");

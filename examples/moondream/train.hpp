@@ -42,10 +42,12 @@ struct Options
   double epochs = 0;             ///< if > 0: steps = epochs × train samples / global batch
   double lr = 0;                 ///< 0: the recipe's (3e-6 fine-tuning with --weights, 2e-3 from scratch)
   double warmup = 0.1;           ///< fraction of the steps
+  double vision_lr_scale = 1;    ///< the vision stage's learning rate is lr × this
   double weight_decay = 0.01, clip = 1.0;
   std::string optimizer = "adamw8bit";
   std::string precision = "fp32";
   bool checkpoint = false;        ///< activation checkpointing of every stage
+  bool checkpoint_blocks = false; ///< activation checkpointing of every block of every stage
   std::string freeze_vision = "auto";  ///< auto: frozen when fine-tuning (--weights), trained from scratch
   std::string save, resume;
   long save_every = 0;
@@ -322,7 +324,7 @@ int train_pipeline(const Options& o)
     std::cout << mpx::print<P>;
     for (int i = 1; i < P::num_stages; ++i) std::cout << fmt::format("  stage {}: text layers [{}, {})\n", i, ranges[i - 1].first, ranges[i - 1].second);
     std::cout << fmt::format("  vision: {}; optimizer {}; precision {}; activation checkpointing {}; global batch {} = {} micro-batches x {} samples x {} replicas\n",
-                             o.train_vision() ? "trained" : "frozen", o.optimizer, o.precision, o.checkpoint ? "on" : "off",
+                             o.train_vision() ? "trained" : "frozen", o.optimizer, o.precision, o.checkpoint ? "stages" : o.checkpoint_blocks ? "blocks" : "off",
                              o.microbatches() * o.microbatch_size * world.replicas, o.microbatches(), o.microbatch_size, world.replicas);
   }
   auto make = [&](auto stage) {
@@ -343,7 +345,11 @@ int train_pipeline(const Options& o)
   to.lr = schedule_of(o, total);
   to.weight_decay = o.weight_decay, to.beta1 = 0.9, to.beta2 = 0.95, to.eps = 1e-6;
   to.clip_norm = o.clip;
+  to.lr_scale = {o.vision_lr_scale};  // stage 0 is the vision tower in every layout
   to.checkpoint_all = o.checkpoint;
+  to.checkpoint_blocks = o.checkpoint_blocks;
+  if (o.checkpoint && o.checkpoint_blocks)
+    throw mpx::config_error("moondream_train: --checkpoint (whole stages) and --checkpoint-blocks exclude each other; keep one");
   if (o.precision == "bf16") to.autocast = at::kBFloat16;
   else if (o.precision != "fp32") throw mpx::config_error("moondream_train: --precision " + o.precision + " on CPU: use fp32 or bf16");
   if (o.optimizer != "adamw8bit")  // the stages declare the recipe's Optimizer<AdamW8bit>; --optimizer adamw replaces it
@@ -472,9 +478,10 @@ inline int train_single(const Options& o)
       for (auto& p : trainable)
         if (p.grad().defined()) p.mutable_grad().mul_(o.clip / (norm + 1e-6));
     const auto t2 = std::chrono::steady_clock::now();
-    for (auto& opt : opts) {
-      for (auto& g : opt->param_groups()) g.options().set_lr(lr(step));
-      opt->step();
+    for (std::size_t k = 0; k < opts.size(); ++k) {  // the vision optimizer first, when there is one
+      const double scale = k == 0 && !vis.empty() ? o.vision_lr_scale : 1.0;
+      for (auto& g : opts[k]->param_groups()) g.options().set_lr(lr(step) * scale);
+      opts[k]->step();
     }
     if (std::getenv("MOONDREAM_PROFILE"))
       std::cerr << fmt::format("data {:.3f} s, forward+backward {:.3f} s, optimizer {:.3f} s\n", std::chrono::duration<double>(t1 - t0).count(),

@@ -7,6 +7,7 @@
 /// |---------------------------|---------------------------------------------------------------------|
 /// | `Frozen`                  | no gradients for the stage's parameters, no optimizer               |
 /// | `Checkpointed`            | keep only the stage's inputs; recompute the forward in backward     |
+/// | `CheckpointBlocks`        | the same per block (the blocks the module runs via checkpoint_block)|
 /// | `Optimizer<O>`            | the stage's optimizer: `SGD`, `AdamW` or `AdamW8bit`                |
 /// | `Precision<P>`            | autocast of the stage's forward: `FP32`, `BF16`, `FP16` (CUDA only) |
 /// | `WireCompression<P>`      | activations and gradients cross the wire as `BF16` or `FP16`        |
@@ -57,6 +58,11 @@ struct Frozen {};
 
 /// The stage keeps only its inputs in forward and recomputes in backward (RNG state restored).
 struct Checkpointed {};
+
+/// Finer: every block the module runs through `mpx::checkpoint_block` keeps only its input and is
+/// recomputed in backward, one block at a time (peak memory: the block inputs plus one block's
+/// activations, where `Checkpointed` holds the whole stage's during its recomputation).
+struct CheckpointBlocks {};
 
 /// The stage's optimizer.
 template <class O>
@@ -115,6 +121,7 @@ template <class T>
 struct policy_traits { static constexpr bool is_policy = false; };
 template <> struct policy_traits<Frozen> { static constexpr bool is_policy = true; };
 template <> struct policy_traits<Checkpointed> { static constexpr bool is_policy = true; };
+template <> struct policy_traits<CheckpointBlocks> { static constexpr bool is_policy = true; };
 template <class O> struct policy_traits<Optimizer<O>> { static constexpr bool is_policy = true; };
 template <class P> struct policy_traits<Precision<P>> { static constexpr bool is_policy = true; };
 template <class P> struct policy_traits<WireCompression<P>> { static constexpr bool is_policy = true; };

@@ -31,6 +31,7 @@ template <class T> struct is_layers_p : std::bool_constant<is_layers_policy<T>> 
 template <class T> struct is_reads_p : std::bool_constant<is_reads_policy<T>> {};
 template <class T> struct is_frozen_p : std::bool_constant<std::is_same_v<T, Frozen>> {};
 template <class T> struct is_checkpointed_p : std::bool_constant<std::is_same_v<T, Checkpointed>> {};
+template <class T> struct is_block_checkpointed_p : std::bool_constant<std::is_same_v<T, CheckpointBlocks>> {};
 
 /// The first of Ps satisfying Is, or Default.
 template <template <class> class Is, class Default, class... Ps>
@@ -61,6 +62,7 @@ struct Stage
                 "mpx::Stage<Module, Device, ...>: Device must be a device tag such as mpx::GPU<0> or mpx::CPU<0>");
   static_assert((Policy<Policies> && ...),
                 "mpx::Stage<Module, Device, Policies...>: each policy must be one of mpx::Frozen, mpx::Checkpointed, "
+                "mpx::CheckpointBlocks, "
                 "mpx::Optimizer<O>, mpx::Precision<P>, mpx::WireCompression<P>, mpx::TensorParallel<N>, "
                 "mpx::Layers<b, e>, mpx::Reads<\"field\"...>");
 
@@ -72,6 +74,10 @@ struct Stage
 
   static constexpr bool frozen = detail::count_if<detail::is_frozen_p, Policies...> > 0;
   static constexpr bool checkpointed = detail::count_if<detail::is_checkpointed_p, Policies...> > 0;
+  static constexpr bool checkpoint_blocks = detail::count_if<detail::is_block_checkpointed_p, Policies...> > 0;
+  static_assert(!(checkpointed && checkpoint_blocks),
+                "mpx::Stage: mpx::Checkpointed (the whole stage) and mpx::CheckpointBlocks (each block) exclude each "
+                "other; keep one");
   static_assert(detail::count_if<detail::is_optimizer_p, Policies...> <= 1,
                 "mpx::Stage: a stage takes at most one mpx::Optimizer<...>; remove the extra one");
   static_assert(!(frozen && detail::count_if<detail::is_optimizer_p, Policies...> > 0),

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests for mpx/io/safetensors.hpp: round trips, the format's letter, and every corrupt-file case.
-#include "support/catch.hpp"
+#include "support/catch_torch.hpp"
 
 #include <mpx/io/safetensors.hpp>
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests for mpx/optim/adamw8bit.hpp.
-#include "support/catch.hpp"
+#include "support/catch_torch.hpp"
 
 #include <mpx/optim/adamw8bit.hpp>
 

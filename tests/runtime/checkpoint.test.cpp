@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests for mpx/runtime/checkpoint.hpp: checkpointed and plain forward give equal gradients, dropout on.
-#include "support/catch.hpp"
+#include "support/catch_torch.hpp"
 
 #include <mpx/runtime/checkpoint.hpp>
 
@@ -108,4 +108,42 @@ TEST_CASE("Inputs that need no gradient and integer outputs pass through", "[che
   CHECK(!outs[1].requires_grad());
   outs[0].sum().backward();
   CHECK(w.grad().defined());
+}
+
+TEST_CASE("checkpoint_block: a plain call unless BlockCheckpointing is on; on, the plain run's gradients", "[checkpoint][torch]")
+{
+  // three blocks with dropout, each marked with checkpoint_block, as a module's forward would
+  auto run_blocks = [](bool on) {
+    torch::manual_seed(7);
+    std::vector<Block> blocks(3);
+    auto x = torch::randn({16, 32}).requires_grad_(true);
+    torch::manual_seed(11);
+    at::Tensor h = x;
+    {
+      mpx::BlockCheckpointing scope(on);
+      for (auto& b : blocks) h = mpx::checkpoint_block(*b, [&b](const at::Tensor& t) { return b(t); }, h);
+    }
+    const std::string fn = h.grad_fn() ? h.grad_fn()->name() : "";
+    torch::randn({1000});  // disturbs the generator between forward and backward
+    h.pow(2).mean().backward();
+    std::vector<at::Tensor> g{x.grad()};
+    for (auto& b : blocks)
+      for (auto& p : b->parameters()) g.push_back(p.grad());
+    return std::make_pair(fn, g);
+  };
+  const auto [plain_fn, plain] = run_blocks(false);
+  const auto [ckpt_fn, ckpt] = run_blocks(true);
+  CHECK(plain_fn.find("CheckpointFunction") == std::string::npos);
+  CHECK(ckpt_fn.find("CheckpointFunction") != std::string::npos);
+  REQUIRE(plain.size() == ckpt.size());
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    CAPTURE(i);
+    CHECK((plain[i] - ckpt[i]).abs().max().item<double>() <= 1e-6 * plain[i].abs().max().item<double>());
+  }
+  // with gradients off (evaluation) it is a plain call even when on
+  torch::NoGradGuard no_grad;
+  mpx::BlockCheckpointing scope;
+  Block b;
+  auto y = mpx::checkpoint_block(*b, [&b](const at::Tensor& t) { return b(t); }, torch::randn({2, 32}));
+  CHECK(!y.grad_fn());
 }

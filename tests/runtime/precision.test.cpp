@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests for mpx/runtime/precision.hpp: the autocast guard and the loss scaler's rules.
-#include "support/catch.hpp"
+#include "support/catch_torch.hpp"
 
 #include <mpx/runtime/precision.hpp>
 

@@ -74,6 +74,8 @@ int run(const std::string& name, const std::string& out, int kill_rank, int kill
   if (name == "p2-bf16-wire") return train<P2Bf16>(out, kill_rank, kill_step);
   if (name == "p2-1f1b-checkpointed") return train<P2Ckpt<mpx::OneFOneB>>(out, kill_rank, kill_step);
   if (name == "p2-zbh1-checkpointed") return train<P2Ckpt<mpx::ZBH1>>(out, kill_rank, kill_step);
+  if (name == "p2-1f1b-block-checkpointed") return train<P2Blocks<mpx::OneFOneB>>(out, kill_rank, kill_step);
+  if (name == "p2-zbh1-block-checkpointed") return train<P2Blocks<mpx::ZBH1>>(out, kill_rank, kill_step);
   // start-up errors
   if (name == "mismatch") {  // rank 1 is built with another micro-batch count
     if (mpx::read_env().rank == 1) return train<P2<mpx::OneFOneB, 2>>(out, -1, -1);

@@ -2,7 +2,7 @@
 // Tests for the distributed runtime (mpx/runtime/*): real processes on loopback train the scenarios of
 // scenarios.hpp; every step's loss and every final parameter must match single-process training of the
 // same model on the same data. Start-up errors and a killed rank must end every rank with a clear error.
-#include "support/catch.hpp"
+#include "support/catch_torch.hpp"
 #include "support/spawn.hpp"
 #include "scenarios.hpp"
 
@@ -164,6 +164,14 @@ TEST_CASE("Checkpointed stages under 1F1B match one process", "[runtime][parity]
 TEST_CASE("Checkpointed stages under ZB-H1 (split backward) match one process", "[runtime][parity][checkpoint]")
 {
   check_parity("p2-zbh1-checkpointed");
+}
+TEST_CASE("Block-checkpointed stages under 1F1B match one process", "[runtime][parity][checkpoint]")
+{
+  check_parity("p2-1f1b-block-checkpointed");
+}
+TEST_CASE("Block-checkpointed stages under ZB-H1 (split backward) match one process", "[runtime][parity][checkpoint]")
+{
+  check_parity("p2-zbh1-block-checkpointed");
 }
 
 TEST_CASE("An inf in one stage's gradient makes every rank skip that step and halve the loss scale", "[runtime][parity][scaler]")

@@ -37,6 +37,11 @@ template <class Sched>
 using P2Ckpt = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 3>, mpx::Checkpointed>,
                              Stage<Model, CPU<1>, Layers<3, 6>, mpx::Checkpointed>, Schedule<Sched>, Microbatches<4>,
                              mpx::Batch<tiny::Batch>>;
+/// Every block checkpointed on its own (the tiny model marks its blocks with mpx::checkpoint_block).
+template <class Sched>
+using P2Blocks = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 3>, mpx::CheckpointBlocks>,
+                               Stage<Model, CPU<1>, Layers<3, 6>, mpx::CheckpointBlocks>, Schedule<Sched>, Microbatches<4>,
+                               mpx::Batch<tiny::Batch>>;
 /// Interleaved: 2 slots x 2 chunks.
 using P2x2 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 1>>, Stage<Model, CPU<1>, Layers<1, 3>>,
                            Stage<Model, CPU<0>, Layers<3, 4>>, Stage<Model, CPU<1>, Layers<4, 6>>,
@@ -78,6 +83,8 @@ inline const std::vector<Spec>& specs()
       {"p2-bf16-wire", 2, 1, 4, {{0, 3}, {3, 6}}},
       {"p2-1f1b-checkpointed", 2, 1, 4, {{0, 3}, {3, 6}}},
       {"p2-zbh1-checkpointed", 2, 1, 4, {{0, 3}, {3, 6}}},
+      {"p2-1f1b-block-checkpointed", 2, 1, 4, {{0, 3}, {3, 6}}},
+      {"p2-zbh1-block-checkpointed", 2, 1, 4, {{0, 3}, {3, 6}}},
   };
   return s;
 }

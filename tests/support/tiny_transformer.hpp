@@ -5,9 +5,11 @@
 /// runtime's parity tests. Shape legend: B batch, T tokens, D model dim, H heads, V vocabulary.
 
 #include <boost/hana/define_struct.hpp>  // BOOST_HANA_DEFINE_STRUCT
+#include <mpx/runtime/checkpoint.hpp>    // mpx::checkpoint_block
 #include <torch/torch.h>                 // torch::nn
 
-#include <cmath>  // std::sqrt
+#include <cmath>   // std::sqrt
+#include <limits>  // std::numeric_limits
 
 namespace tiny
 {
@@ -43,8 +45,8 @@ struct BlockImpl : torch::nn::Module
     auto split = [&](const torch::Tensor& t) { return t.view({B, T, heads, hd}).transpose(1, 2); };  // (B,H,T,hd)
     auto q = split(parts[0]), k = split(parts[1]), v = split(parts[2]);
     auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(hd));                     // (B,H,T,T)
-    auto causal = torch::ones({T, T}, torch::kBool).triu(1);
-    att = torch::softmax(att.masked_fill(causal, -1e9), -1);
+    auto causal = torch::ones({T, T}, x_BTD.options().dtype(torch::kBool)).triu(1);
+    att = torch::softmax(att.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);  // -inf: fits fp16 too
     auto y_BTD = torch::matmul(att, v).transpose(1, 2).reshape({B, T, D});
     x_BTD = x_BTD + proj(y_BTD);
     return x_BTD + fc2(torch::gelu(fc1(ln2(x_BTD))));
@@ -78,8 +80,11 @@ struct ModelImpl : torch::nn::Module
   }
   torch::Tensor forward(torch::Tensor x)
   {
-    if (first) x = tok(x) + pos(torch::arange(x.size(1), torch::kLong));
-    for (auto& b : *blocks) x = b->as<BlockImpl>()->forward(x);
+    if (first) x = tok(x) + pos(torch::arange(x.size(1), x.options().dtype(torch::kLong)));
+    for (auto& b : *blocks) {  // each block checkpointable (a no-op unless the stage is CheckpointBlocks)
+      auto* blk = b->as<BlockImpl>();
+      x = mpx::checkpoint_block(*blk, [blk](const torch::Tensor& t) { return blk->forward(t); }, x);
+    }
     if (last) x = head(ln(x));
     return x;
   }

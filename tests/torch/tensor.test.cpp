@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests for mpx/torch/tensor.hpp: LibTorch modules and tensors in pipeline types.
-#include "support/catch.hpp"
+#include "support/catch_torch.hpp"
 
 #include <mpx/mpx.hpp>
 

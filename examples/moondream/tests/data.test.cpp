@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests for examples/moondream/data.hpp: the generated set (deterministic, balanced, disjoint held-out
 // split), JSONL/DOCCI loading with errors naming file and line, PNG round trip, collation.
-#include "../../../tests/support/catch.hpp"
+#include "../../../tests/support/catch_torch.hpp"
 #include "../data.hpp"
 
 #include <filesystem>

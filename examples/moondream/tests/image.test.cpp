@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests for examples/moondream/image.hpp: the tiling table of moondream-spec.md §6.2, crops, patches, stitching.
-#include "../../../tests/support/catch.hpp"
+#include "../../../tests/support/catch_torch.hpp"
 #include "../image.hpp"
 
 TEST_CASE("Tiling table of the spec", "[moondream][image]")

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests for examples/moondream/model.hpp: forward shapes, masks, partial rotary, stage ranges = whole
 // model, the key/value cache, and examples/moondream/config.hpp.
-#include "../../../tests/support/catch.hpp"
+#include "../../../tests/support/catch_torch.hpp"
 #include "../model.hpp"
 
 namespace

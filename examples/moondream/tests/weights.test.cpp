@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests for examples/moondream/weights.hpp: both naming schemes round-trip, dtypes, shards, and the
 // strict check listing missing, unexpected and mis-shaped tensors.
-#include "../../../tests/support/catch.hpp"
+#include "../../../tests/support/catch_torch.hpp"
 #include "../weights.hpp"
 #include "../model.hpp"
 

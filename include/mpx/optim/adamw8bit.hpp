@@ -68,13 +68,14 @@ inline Quantized quantize(const at::Tensor& x, const at::Tensor& code)
   q.numel = x.numel();
   auto flat = x.detach().reshape(-1).to(torch::kFloat);
   const std::int64_t blocks = (q.numel + quant_block - 1) / quant_block;
-  if (blocks * quant_block != q.numel) flat = torch::cat({flat, torch::zeros({blocks * quant_block - q.numel})});
+  if (blocks * quant_block != q.numel) flat = torch::cat({flat, torch::zeros({blocks * quant_block - q.numel}, flat.options())});
+  const at::Tensor c = code.to(flat.device());  // the code book lives on CPU; a CUDA moment needs a copy
   auto b = flat.view({blocks, quant_block});
   q.absmax = b.abs().amax(1).clamp_min(1e-30f);
   auto norm = (b / q.absmax.unsqueeze(1)).clamp(-1, 1);
-  auto hi = torch::searchsorted(code, norm).clamp(0, code.numel() - 1);
+  auto hi = torch::searchsorted(c, norm).clamp(0, c.numel() - 1);
   auto lo = (hi - 1).clamp_min(0);
-  auto nearer_lo = (norm - code.index({lo})).abs() <= (code.index({hi}) - norm).abs();
+  auto nearer_lo = (norm - c.index({lo})).abs() <= (c.index({hi}) - norm).abs();
   q.codes = torch::where(nearer_lo, lo, hi).to(torch::kUInt8);
   return q;
 }
@@ -82,7 +83,7 @@ inline Quantized quantize(const at::Tensor& x, const at::Tensor& code)
 /// The fp32 values of a quantized tensor, in `shape`.
 inline at::Tensor dequantize(const Quantized& q, const at::Tensor& code, at::IntArrayRef shape)
 {
-  auto v = code.index({q.codes.to(torch::kLong)}) * q.absmax.unsqueeze(1);
+  auto v = code.to(q.codes.device()).index({q.codes.to(torch::kLong)}) * q.absmax.unsqueeze(1);
   return v.reshape(-1).narrow(0, 0, q.numel).view(shape);
 }
 
@@ -295,14 +296,16 @@ class AdamW8bitOptimizer : public torch::optim::Optimizer
       if (!archive.try_read(k + ".step", step)) continue;
       State s;
       s.step = step.item<std::int64_t>();
-      if (p.numel() < min_8bit_) {
+      if (p.numel() < min_8bit_) {  // read onto the parameter's device (a CUDA run's state comes back as CUDA)
         archive.read(k + ".m", s.m);
         archive.read(k + ".v", s.v);
+        s.m = s.m.to(p.device()), s.v = s.v.to(p.device());
       } else {
         archive.read(k + ".m8", s.m8.codes);
         archive.read(k + ".m8max", s.m8.absmax);
         archive.read(k + ".v8", s.v8.codes);
         archive.read(k + ".v8max", s.v8.absmax);
+        for (auto* t : {&s.m8.codes, &s.m8.absmax, &s.v8.codes, &s.v8.absmax}) *t = t->to(p.device());
         s.m8.numel = s.v8.numel = p.numel();
       }
       state_[p.unsafeGetTensorImpl()] = s;

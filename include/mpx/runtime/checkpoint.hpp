@@ -6,10 +6,13 @@
 /// forward restored, so dropout masks repeat and the gradients equal those of the plain run. The
 /// parameters are explicit inputs of the autograd function, so their gradients flow through the engine:
 /// it works under `backward()` and `autograd::grad()` alike (and so under the B/W split).
-/// `Stage<..., Checkpointed>` wraps the stage's forward in it.
+/// The generators saved and restored are the CPU one and, for every CUDA device an input lives on, that
+/// device's (dropout on a GPU draws from it). `Stage<..., Checkpointed>` wraps the stage's forward in it;
+/// `Stage<..., CheckpointBlocks>` turns on `checkpoint_block`, with which a module marks its blocks.
 
-#include <torch/torch.h>  // torch::autograd::Function, at::detail::getDefaultCPUGenerator
+#include <torch/torch.h>  // torch::autograd::Function, at::detail::getDefaultCPUGenerator, at::globalContext
 
+#include <algorithm>   // std::find
 #include <functional>  // std::function
 #include <mutex>       // std::lock_guard
 #include <vector>      // std::vector
@@ -19,6 +22,35 @@ namespace mpx
 
 namespace detail
 {
+/// The generators a region on `inputs` draws from: CPU's, and each CUDA device's that an input is on.
+inline std::vector<at::Generator> generators_of(at::TensorList inputs)
+{
+  std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator()};
+  std::vector<c10::DeviceIndex> seen;
+  for (const auto& t : inputs)
+    if (t.defined() && t.is_cuda() && std::find(seen.begin(), seen.end(), t.device().index()) == seen.end()) {
+      seen.push_back(t.device().index());
+      gens.push_back(at::globalContext().defaultGenerator(t.device()));
+    }
+  return gens;
+}
+inline std::vector<at::Tensor> get_states(std::vector<at::Generator>& gens)
+{
+  std::vector<at::Tensor> out;
+  for (auto& g : gens) {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    out.push_back(g.get_state());
+  }
+  return out;
+}
+inline void set_states(std::vector<at::Generator>& gens, const std::vector<at::Tensor>& states)
+{
+  for (std::size_t i = 0; i < gens.size(); ++i) {
+    std::lock_guard<std::mutex> lock(gens[i].mutex());
+    gens[i].set_state(states[i]);
+  }
+}
+
 /// The recomputable forward, kept in the autograd graph's saved data.
 struct CheckpointClosure : torch::CustomClassHolder
 {
@@ -31,11 +63,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction>
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, c10::intrusive_ptr<CheckpointClosure> fn,
                                                 int64_t n_inputs, at::TensorList all)
   {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      ctx->saved_data["rng"] = gen.get_state();
-    }
+    auto gens = generators_of(all.slice(0, std::size_t(n_inputs)));
+    ctx->saved_data["rng"] = c10::List<at::Tensor>(get_states(gens));
     c10::List<bool> wants;
     for (const auto& t : all) wants.push_back(t.defined() && t.requires_grad());
     ctx->saved_data["wants"] = wants;
@@ -59,22 +88,15 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction>
       inputs.push_back(saved[std::size_t(i)].defined() ? saved[std::size_t(i)].detach().requires_grad_(wants[std::size_t(i)])
                                                        : at::Tensor());
     // recompute with the forward's random numbers, then put the generator back
-    auto gen = at::detail::getDefaultCPUGenerator();
-    at::Tensor now;
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      now = gen.get_state();
-      gen.set_state(ctx->saved_data["rng"].toTensor());
-    }
+    auto gens = generators_of(inputs);
+    const auto now = get_states(gens);
+    set_states(gens, ctx->saved_data["rng"].toTensorVector());
     std::vector<at::Tensor> outs;
     {
       torch::AutoGradMode enable(true);
       outs = fn->fn(inputs);
     }
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(now);
-    }
+    set_states(gens, now);
     std::vector<at::Tensor> ys, gys, wrt;
     for (std::size_t i = 0; i < outs.size() && i < grad_out.size(); ++i)
       if (outs[i].defined() && outs[i].requires_grad() && grad_out[i].defined()) {
@@ -96,6 +118,45 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction>
   }
 };
 }  // namespace detail
+
+namespace detail
+{
+inline bool& block_checkpointing_flag()
+{
+  thread_local bool on = false;
+  return on;
+}
+}  // namespace detail
+
+/// While alive, `checkpoint_block` checkpoints on this thread (the trainer opens one around the forward of a
+/// `CheckpointBlocks` stage; a program may open its own). Nests; restores the previous state.
+class BlockCheckpointing
+{
+ public:
+  explicit BlockCheckpointing(bool on = true) : was_(detail::block_checkpointing_flag()) { detail::block_checkpointing_flag() = on; }
+  ~BlockCheckpointing() { detail::block_checkpointing_flag() = was_; }
+  BlockCheckpointing(const BlockCheckpointing&) = delete;
+  BlockCheckpointing& operator=(const BlockCheckpointing&) = delete;
+
+ private:
+  bool was_;
+};
+
+/// Model code marks its blocks with this: `x = mpx::checkpoint_block(*block, [&](const at::Tensor& t) {
+/// return block->forward(t); }, x);`. Under `BlockCheckpointing` with gradients on, the block keeps only
+/// `x` and is recomputed in backward (its parameters' gradients flow); otherwise it is a plain call, so the
+/// module stays ordinary single-device code.
+template <class Fn>
+at::Tensor checkpoint_block(torch::nn::Module& block, Fn&& fn, const at::Tensor& x)
+{
+  if (!detail::block_checkpointing_flag() || !at::GradMode::is_enabled()) return fn(x);
+  std::vector<at::Tensor> params;
+  for (auto& p : block.parameters())
+    if (p.requires_grad()) params.push_back(p);
+  if (params.empty() && !x.requires_grad()) return fn(x);  // nothing to differentiate: no graph to save
+  auto f = [fn = std::forward<Fn>(fn)](const std::vector<at::Tensor>& in) mutable { return std::vector<at::Tensor>{fn(in[0])}; };
+  return checkpoint(std::move(f), {x}, params)[0];
+}
 
 /// Runs `fn(inputs)` keeping only `inputs` for backward, which recomputes `fn` (see the file comment).
 /// `params` are the parameters `fn` uses: their gradients flow through the recomputation.

@@ -50,6 +50,9 @@ namespace mpx
 struct TrainOptions
 {
   WarmupCosine lr{1e-3, 0, 1, 1.0};  ///< default: constant 1e-3
+  /// Per-stage multipliers of the learning rate (stage s steps with lr × lr_scale[s]; missing: 1), e.g. a
+  /// faster vision tower trained from scratch beside a text decoder, or a slower one being fine-tuned.
+  std::vector<double> lr_scale;
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  ///< AdamW
   double momentum = 0.0;                           ///< SGD
@@ -62,6 +65,7 @@ struct TrainOptions
   std::function<void(int stage, long step, const std::vector<at::Tensor>& params)> before_optimizer;
   /// Run-time choices for programs that offer them as flags; each adds to what the stage policies say.
   bool checkpoint_all = false;                 ///< checkpoint every stage, as if each had mpx::Checkpointed
+  bool checkpoint_blocks = false;              ///< checkpoint every stage's blocks, as if each had mpx::CheckpointBlocks
   std::optional<at::ScalarType> autocast;      ///< autocast every stage's forward (kBFloat16, kHalf) unless its policy says otherwise
   /// Builds stage `stage`'s optimizer over its trainable parameters instead of its Optimizer policy
   /// (return nullptr to keep the policy's).
@@ -141,15 +145,26 @@ class Trainer
     state_.resize(std::size_t(N) * M);
   }
 
-  /// One optimizer step over this replica's m micro-batches.
-  StepStats step(const std::vector<Batch>& microbatches)
+  /// One optimizer step over this replica's m micro-batches (on CPU or this rank's device: they are
+  /// moved to the device first, so the loss and the stages that read batch fields see device tensors).
+  StepStats step(const std::vector<Batch>& host_microbatches)
   {
-    if (static_cast<int>(microbatches.size()) != M)
-      throw config_error("mpx::Trainer::step: got " + std::to_string(microbatches.size()) + " micro-batches, the pipeline declares " +
+    if (static_cast<int>(host_microbatches.size()) != M)
+      throw config_error("mpx::Trainer::step: got " + std::to_string(host_microbatches.size()) + " micro-batches, the pipeline declares " +
                          std::to_string(M) + " (mpx::Microbatches<M>); split the batch with mpx::split_microbatches(batch, " +
                          std::to_string(M) + ")");
+    std::vector<Batch> on_device;
+    if (!w_.device.is_cpu())
+      for (const auto& b : host_microbatches) {
+        auto fields = detail::flatten(b);
+        for (auto& f : fields)
+          if (f.defined()) f = f.to(w_.device, /*non_blocking=*/true);
+        on_device.push_back(detail::unflatten<Batch>(fields));
+      }
+    const std::vector<Batch>& microbatches = w_.device.is_cpu() ? host_microbatches : on_device;
     const auto t0 = clock::now();
-    double compute = 0, loss_sum = 0;
+    double compute = 0;
+    at::Tensor loss_sum;  // summed on the device, read once (no host sync per micro-batch)
     std::vector<PendingSend> sends;
     std::vector<int> backward_left(N, M);
     events_.clear();
@@ -195,7 +210,7 @@ class Trainer
     // (every stage once per replica; replicas hold equal gradients after the all-reduce above) and the
     // number of ranks that saw inf/NaN, so that every rank makes the same skip decision
     auto red = torch::zeros({3}, torch::kDouble);
-    red[0] = mine_[N - 1] ? loss_sum / w_.replicas : 0.0;
+    red[0] = mine_[N - 1] && loss_sum.defined() ? loss_sum.template item<double>() / w_.replicas : 0.0;
     red[1] = found_inf ? 0.0 : sq / w_.replicas;
     red[2] = found_inf ? 1.0 : 0.0;
     std::vector<at::Tensor> rv{red};
@@ -207,9 +222,11 @@ class Trainer
     const auto o0 = clock::now();
     if (!st.skipped) {
       clip(st.grad_norm);
-      for (auto& opt : optimizers_) {
+      for (std::size_t s = 0; s < optimizers_.size(); ++s) {
+        auto& opt = optimizers_[s];
         if (!opt) continue;
-        for (auto& g : opt->param_groups()) g.options().set_lr(st.lr);
+        const double scale = s < o_.lr_scale.size() ? o_.lr_scale[s] : 1.0;
+        for (auto& g : opt->param_groups()) g.options().set_lr(st.lr * scale);
         opt->step();
       }
     }
@@ -451,6 +468,7 @@ class Trainer
       else if constexpr (std::is_same_v<Prec, FP16>) autocast.emplace(w_.device.type(), true, at::kHalf);
       else if (o_.autocast) autocast.emplace(w_.device.type(), true, *o_.autocast);
       In x = detail::unflatten<In>(ts);
+      BlockCheckpointing blocks(P::template stage<I>::checkpoint_blocks || o_.checkpoint_blocks);
       if constexpr (requires { m->forward(x, b); }) return detail::flatten(m->forward(x, b));
       else if constexpr (requires { m->forward(x); }) return detail::flatten(m->forward(x));
       else if constexpr (requires { m.forward(x, b); }) return detail::flatten(m.forward(x, b));
@@ -498,7 +516,7 @@ class Trainer
   }
 
   void run(Action a, const std::vector<Batch>& mbs, std::vector<PendingSend>& sends, std::vector<int>& backward_left,
-           double& loss_sum)
+           at::Tensor& loss_sum)
   {
     const int s = a.stage, mb = int(a.mb);
     MicroState& st = state_[std::size_t(s) * M + std::size_t(mb)];
@@ -536,7 +554,8 @@ class Trainer
         st.outputs = forward(s, st.inputs, mbs[std::size_t(mb)], std::make_index_sequence<N>{});
         if (s == N - 1) {
           st.loss = loss_(detail::unflatten<Output>(st.outputs), mbs[std::size_t(mb)]) / double(M);
-          loss_sum += st.loss.template item<double>();
+          // in double, as the host sum was: the same loss on every device and in every test
+          loss_sum = loss_sum.defined() ? loss_sum + st.loss.detach().to(at::kDouble) : st.loss.detach().to(at::kDouble);
         }
         break;
       }
@@ -691,13 +710,19 @@ class Trainer
   double local_grad_sq() const
   {
     double sq = 0;
+    std::vector<at::Tensor> norms;  // on a GPU: one host sync for all of them
     for (int s = 0; s < N; ++s)
       if (mine_[std::size_t(s)])
         for (auto& p : params_[std::size_t(s)])
           if (p.grad().defined()) {
+            if (!p.grad().is_cpu()) {
+              norms.push_back(p.grad().norm());
+              continue;
+            }
             const double n = p.grad().norm().template item<double>();  // fp32 reduction, summed in double
             sq += n * n;
           }
+    if (!norms.empty()) sq += torch::stack(norms).to(at::kDouble).pow(2).sum().template item<double>();
     return sq;
   }
 

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The GPU check: builds mpx's tests against the CUDA LibTorch 2.x of this machine's Python torch (plain g++,
+# no CMake: a GPU machine rarely has our apt packages) and runs
+#   1. tests/runtime/on_device.test.cpp on CUDA device 0 (NCCL groups, CUDA compute, autocast fp16/bf16,
+#      the loss scaler, checkpointing's CUDA generator, 8-bit AdamW on CUDA tensors, save/load);
+#   2. the LibTorch glue's unit tests and the multi-process runtime tests (Gloo, CPU ranks) on LibTorch 2.x;
+#   3. every public header on its own with USE_C10D_NCCL (syntax only).
+# Third-party headers come from the machine or from .deps/ (scripts/gpu_deps.sh fills it here, from Debian).
+#   usage: scripts/gpu_check.sh [log-dir]      (writes build and test logs there; default build-gpu/logs)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+LOGS=${1:-build-gpu/logs}
+B=build-gpu
+rm -rf "$B/obj" "$LOGS"; mkdir -p "$B/obj" "$LOGS"  # never link a stale object
+JOBS=$(nproc)
+
+# TORCH_DIR (a folder with include/ and lib/) overrides the Python torch; a dry run on a CPU machine uses it.
+if [ -n "${TORCH_DIR:-}" ]; then
+  TORCH=$TORCH_DIR ABI=1 SITE=/nonexistent
+  echo "torch at $TORCH_DIR" > "$LOGS/versions.txt"
+else
+  TORCH=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))') || { echo "no Python torch here"; exit 2; }
+  SITE=$(dirname "$TORCH")
+  ABI=$(python3 -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(),
+    torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' | tee "$LOGS/versions.txt"
+fi
+g++ --version | head -1 | tee -a "$LOGS/versions.txt"
+
+INC=(-isystem "$TORCH/include" -isystem "$TORCH/include/torch/csrc/api/include")
+[ -d "$TORCH/include/gloo" ] || INC+=(-isystem .deps/gloo)      # the wheel may lack Gloo's headers
+for d in /usr/local/cuda/include "$SITE"/nvidia/*/include "$SITE"/nvidia/*/*/include; do
+  [ -d "$d" ] && INC+=(-isystem "$d")
+done
+INC+=(-isystem .deps/include)
+CXXFLAGS=(-std=c++20 -O1 -g0 -I include -I tests -I tests/runtime "${INC[@]}" -DUSE_DISTRIBUTED -DUSE_C10D_GLOO -DMPX_CATCH2_V2
+          -D_GLIBCXX_USE_CXX11_ABI="$ABI" -Wno-deprecated-declarations)
+CUDA_LIBS=()
+if [ -e "$TORCH/lib/libtorch_cuda.so" ]; then  # a CUDA LibTorch: NCCL compiled in, CUDA hooks linked
+  CXXFLAGS+=(-DUSE_C10D_NCCL)
+  CUDA_LIBS=(-ltorch_cuda -lc10_cuda)
+fi
+# libstdc++ first: the wheels' libraries export some libstdc++ symbols of their own (std::filesystem among
+# them); ours must bind to the system's, which our headers match.
+LIBS=(-Wl,--no-as-needed -lstdc++ -L"$TORCH/lib" -Wl,-rpath,"$TORCH/lib" "${CUDA_LIBS[@]}" -ltorch -ltorch_cpu -lc10 -Wl,--as-needed -lpthread)
+echo "torch at $TORCH; gloo headers from $([ -d "$TORCH/include/gloo" ] && echo torch || echo .deps)" | tee -a "$LOGS/versions.txt"
+
+compile() {  # compile <object> <source> [flags...]
+  local obj=$1 src=$2; shift 2
+  timeout 400 g++ "${CXXFLAGS[@]}" "$@" -c "$src" -o "$obj.tmp" > "$LOGS/$(basename "$obj").log" 2>&1 && mv "$obj.tmp" "$obj" ||
+    { echo "FAILED to compile $src"; return 1; }
+}
+link() {  # link <exe> <objects...>
+  local exe=$1; shift
+  g++ "$@" "${LIBS[@]}" -o "$exe" > "$LOGS/$(basename "$exe").link.log" 2>&1 || { echo "FAILED to link $exe"; return 1; }
+}
+
+t0=$(date +%s)
+# ---- the device test first: it is what this machine is for
+compile $B/obj/main.o tests/support/main.cpp &
+compile $B/obj/on_device.o tests/runtime/on_device.test.cpp &
+[ -n "${QUICK:-}" ] && { wait; link $B/device_tests $B/obj/on_device.o $B/obj/main.o && OMP_NUM_THREADS=4 timeout 300 $B/device_tests -d yes; exit; }
+# ---- the rest in parallel
+TORCH_TESTS=(tests/torch/blas.test.cpp tests/torch/tensor.test.cpp tests/runtime/checkpoint.test.cpp tests/optim/adamw8bit.test.cpp
+             tests/runtime/precision.test.cpp tests/io/safetensors.test.cpp)
+for s in "${TORCH_TESTS[@]}"; do compile $B/obj/$(basename "$s" .cpp).o "$s" & done
+compile $B/obj/runtime_rank.o tests/runtime/rank_main.cpp &
+compile $B/obj/runtime_test.o tests/runtime/runtime.test.cpp -DMPX_RANK_EXE="\"$PWD/$B/runtime_rank\"" &
+HEADERS=$(cd include && find mpx -name '*.hpp' | sort)
+for h in $HEADERS; do
+  ( printf '#include <%s>\n#include <%s>\n' "$h" "$h" > "$B/obj/hc_${h//\//_}.cpp"
+    timeout 400 g++ "${CXXFLAGS[@]}" -fsyntax-only "$B/obj/hc_${h//\//_}.cpp" > "$LOGS/hc_${h//\//_}.log" 2>&1 || echo "HEADER FAILED $h" ) &
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 1; done
+done
+
+status=0
+wait_for() { while [ ! -s "$1" ] && [ "$(jobs -rp | wc -l)" -gt 0 ]; do sleep 2; done; }
+wait_for $B/obj/on_device.o; wait_for $B/obj/main.o
+if [ -s $B/obj/on_device.o ] && [ -s $B/obj/main.o ] && link $B/device_tests $B/obj/on_device.o $B/obj/main.o; then
+  echo "== device tests (built in $(( $(date +%s) - t0 )) s)"
+  OMP_NUM_THREADS=4 timeout 300 $B/device_tests -d yes 2>&1 | tee "$LOGS/device_tests.txt" | grep -v "^$" | tail -25
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+else
+  status=1
+fi
+wait
+echo "== all built in $(( $(date +%s) - t0 )) s"
+objs=(); for s in "${TORCH_TESTS[@]}"; do objs+=($B/obj/$(basename "$s" .cpp).o); done
+if link $B/torch_tests "${objs[@]}" $B/obj/main.o; then
+  echo "== LibTorch glue tests"
+  OMP_NUM_THREADS=4 timeout 200 $B/torch_tests 2>&1 | tee "$LOGS/torch_tests.txt" | tail -15 || status=1
+else status=1; fi
+if link $B/runtime_rank $B/obj/runtime_rank.o && link $B/runtime_tests $B/obj/runtime_test.o $B/obj/main.o; then
+  echo "== multi-process runtime tests (Gloo on CPU ranks)"
+  # the GPU-tag error case expects a machine without CUDA: not this one
+  OMP_NUM_THREADS=1 timeout 300 $B/runtime_tests "~GPU stages without CUDA stop with a message naming the fix" 2>&1 |
+    tee "$LOGS/runtime_tests.txt" | tail -15 || status=1
+else status=1; fi
+grep -l "error" "$LOGS"/*.log 2>/dev/null | head -20 | while read -r f; do echo "---- $f"; grep -m 6 -A 3 "error" "$f"; done
+echo "== done in $(( $(date +%s) - t0 )) s, status $status"
+exit $status
