@@ -57,56 +57,86 @@ inline Shapes expected_shapes(const Config& c)
   return s;
 }
 
-/// The new-scheme name of an old-scheme one (§5 table), or "" if it is not a vision/text tensor.
+namespace detail
+{
+/// The two naming schemes side by side (§5 table): one tensor's old and new name as patterns whose groups
+/// (layer index, weight|bias, ...) come in the same order on both sides, so one table renames both ways.
+inline const std::vector<std::pair<std::string, std::string>>& name_pairs()
+{
+  static const std::vector<std::pair<std::string, std::string>> pairs = {
+      {R"(vision_encoder\.encoder\.model\.visual\.patch_embed\.linear\.(weight|bias))", R"(vision\.patch_emb\.(weight|bias))"},
+      {R"(vision_encoder\.encoder\.model\.visual\.pos_embed)", R"(vision\.pos_emb)"},
+      {R"(vision_encoder\.encoder\.model\.visual\.blocks\.(\d+)\.norm1\.(weight|bias))", R"(vision\.blocks\.(\d+)\.ln1\.(weight|bias))"},
+      {R"(vision_encoder\.encoder\.model\.visual\.blocks\.(\d+)\.norm2\.(weight|bias))", R"(vision\.blocks\.(\d+)\.ln2\.(weight|bias))"},
+      {R"(vision_encoder\.encoder\.model\.visual\.blocks\.(\d+)\.attn\.(qkv|proj)\.(weight|bias))",
+       R"(vision\.blocks\.(\d+)\.attn\.(qkv|proj)\.(weight|bias))"},
+      {R"(vision_encoder\.encoder\.model\.visual\.blocks\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias))",
+       R"(vision\.blocks\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias))"},
+      {R"(vision_encoder\.encoder\.model\.visual\.norm\.(weight|bias))", R"(vision\.post_ln\.(weight|bias))"},
+      {R"(vision_encoder\.projection\.mlp\.(fc1|fc2)\.(weight|bias))", R"(vision\.proj_mlp\.(fc1|fc2)\.(weight|bias))"},
+      {R"(text_model\.transformer\.embd\.wte\.weight)", R"(text\.wte)"},
+      {R"(text_model\.transformer\.h\.(\d+)\.ln\.(weight|bias))", R"(text\.blocks\.(\d+)\.ln\.(weight|bias))"},
+      {R"(text_model\.transformer\.h\.(\d+)\.mixer\.Wqkv\.(weight|bias))", R"(text\.blocks\.(\d+)\.attn\.qkv\.(weight|bias))"},
+      {R"(text_model\.transformer\.h\.(\d+)\.mixer\.out_proj\.(weight|bias))", R"(text\.blocks\.(\d+)\.attn\.proj\.(weight|bias))"},
+      {R"(text_model\.transformer\.h\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias))", R"(text\.blocks\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias))"},
+      {R"(text_model\.lm_head\.ln\.(weight|bias))", R"(text\.post_ln\.(weight|bias))"},
+      {R"(text_model\.lm_head\.linear\.(weight|bias))", R"(text\.lm_head\.(weight|bias))"},
+  };
+  return pairs;
+}
+
+/// A name pattern as a `std::regex_replace` format: its groups become $1, $2, ... and `\.` a dot.
+inline std::string as_format(const std::string& pattern)
+{
+  std::string out;
+  int group = 0, depth = 0;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    const char ch = pattern[i];
+    if (ch == '(' && depth++ == 0) out += "$" + std::to_string(++group);
+    else if (ch == ')') --depth;
+    else if (depth == 0) {
+      if (ch == '\\' && i + 1 < pattern.size()) out += pattern[++i];
+      else out += ch;
+    }
+  }
+  return out;
+}
+
+/// Renames from one scheme to the other with name_pairs(); "" for a name that is not a vision/text tensor.
+class Renamer
+{
+ public:
+  explicit Renamer(bool from_old)
+  {
+    for (auto& [o, n] : name_pairs()) rules_.emplace_back(std::regex(from_old ? o : n), as_format(from_old ? n : o));
+  }
+  std::string operator()(const std::string& k) const
+  {
+    for (auto& [re, to] : rules_)
+      if (std::regex_match(k, re)) return std::regex_replace(k, re, to);
+    return "";
+  }
+
+ private:
+  std::vector<std::pair<std::regex, std::string>> rules_;
+};
+}  // namespace detail
+
+/// The new-scheme name of an old-scheme one, or "" if it is not a vision/text tensor. `_orig_mod` (left
+/// by torch.compile) is ignored wherever it sits.
 inline std::string from_old_name(std::string k)
 {
-  static const std::vector<std::pair<std::regex, std::string>> rules = {
-      {std::regex(R"(^vision_encoder\.encoder\.model\.visual\.patch_embed\.linear\.(weight|bias)$)"), "vision.patch_emb.$1"},
-      {std::regex(R"(^vision_encoder\.encoder\.model\.visual\.pos_embed$)"), "vision.pos_emb"},
-      {std::regex(R"(^vision_encoder\.encoder\.model\.visual\.blocks\.(\d+)\.norm1\.(weight|bias)$)"), "vision.blocks.$1.ln1.$2"},
-      {std::regex(R"(^vision_encoder\.encoder\.model\.visual\.blocks\.(\d+)\.norm2\.(weight|bias)$)"), "vision.blocks.$1.ln2.$2"},
-      {std::regex(R"(^vision_encoder\.encoder\.model\.visual\.blocks\.(\d+)\.attn\.(qkv|proj)\.(weight|bias)$)"), "vision.blocks.$1.attn.$2.$3"},
-      {std::regex(R"(^vision_encoder\.encoder\.model\.visual\.blocks\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)$)"), "vision.blocks.$1.mlp.$2.$3"},
-      {std::regex(R"(^vision_encoder\.encoder\.model\.visual\.norm\.(weight|bias)$)"), "vision.post_ln.$1"},
-      {std::regex(R"(^vision_encoder\.projection\.mlp\.(fc1|fc2)\.(weight|bias)$)"), "vision.proj_mlp.$1.$2"},
-      {std::regex(R"(^text_model\.transformer\.embd\.wte\.weight$)"), "text.wte"},
-      {std::regex(R"(^text_model\.transformer\.h\.(\d+)\.ln\.(weight|bias)$)"), "text.blocks.$1.ln.$2"},
-      {std::regex(R"(^text_model\.transformer\.h\.(\d+)\.mixer\.Wqkv\.(weight|bias)$)"), "text.blocks.$1.attn.qkv.$2"},
-      {std::regex(R"(^text_model\.transformer\.h\.(\d+)\.mixer\.out_proj\.(weight|bias)$)"), "text.blocks.$1.attn.proj.$2"},
-      {std::regex(R"(^text_model\.transformer\.h\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)$)"), "text.blocks.$1.mlp.$2.$3"},
-      {std::regex(R"(^text_model\.lm_head\.ln\.(weight|bias)$)"), "text.post_ln.$1"},
-      {std::regex(R"(^text_model\.lm_head\.linear\.(weight|bias)$)"), "text.lm_head.$1"},
-  };
+  static const detail::Renamer rename(/*from_old=*/true);
   for (auto p = k.find("._orig_mod"); p != std::string::npos; p = k.find("._orig_mod")) k.erase(p, 10);
   if (k.rfind("_orig_mod.", 0) == 0) k.erase(0, 10);
-  for (auto& [re, to] : rules)
-    if (std::regex_match(k, re)) return std::regex_replace(k, re, to);
-  return "";
+  return rename(k);
 }
 
 /// The old-scheme name of a new-scheme one (for writing old-format files), or "" if none.
 inline std::string to_old_name(const std::string& k)
 {
-  static const std::vector<std::pair<std::regex, std::string>> rules = {
-      {std::regex(R"(^vision\.patch_emb\.(weight|bias)$)"), "vision_encoder.encoder.model.visual.patch_embed.linear.$1"},
-      {std::regex(R"(^vision\.pos_emb$)"), "vision_encoder.encoder.model.visual.pos_embed"},
-      {std::regex(R"(^vision\.blocks\.(\d+)\.ln1\.(weight|bias)$)"), "vision_encoder.encoder.model.visual.blocks.$1.norm1.$2"},
-      {std::regex(R"(^vision\.blocks\.(\d+)\.ln2\.(weight|bias)$)"), "vision_encoder.encoder.model.visual.blocks.$1.norm2.$2"},
-      {std::regex(R"(^vision\.blocks\.(\d+)\.attn\.(qkv|proj)\.(weight|bias)$)"), "vision_encoder.encoder.model.visual.blocks.$1.attn.$2.$3"},
-      {std::regex(R"(^vision\.blocks\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)$)"), "vision_encoder.encoder.model.visual.blocks.$1.mlp.$2.$3"},
-      {std::regex(R"(^vision\.post_ln\.(weight|bias)$)"), "vision_encoder.encoder.model.visual.norm.$1"},
-      {std::regex(R"(^vision\.proj_mlp\.(fc1|fc2)\.(weight|bias)$)"), "vision_encoder.projection.mlp.$1.$2"},
-      {std::regex(R"(^text\.wte$)"), "text_model.transformer.embd.wte.weight"},
-      {std::regex(R"(^text\.blocks\.(\d+)\.ln\.(weight|bias)$)"), "text_model.transformer.h.$1.ln.$2"},
-      {std::regex(R"(^text\.blocks\.(\d+)\.attn\.qkv\.(weight|bias)$)"), "text_model.transformer.h.$1.mixer.Wqkv.$2"},
-      {std::regex(R"(^text\.blocks\.(\d+)\.attn\.proj\.(weight|bias)$)"), "text_model.transformer.h.$1.mixer.out_proj.$2"},
-      {std::regex(R"(^text\.blocks\.(\d+)\.mlp\.(fc1|fc2)\.(weight|bias)$)"), "text_model.transformer.h.$1.mlp.$2.$3"},
-      {std::regex(R"(^text\.post_ln\.(weight|bias)$)"), "text_model.lm_head.ln.$1"},
-      {std::regex(R"(^text\.lm_head\.(weight|bias)$)"), "text_model.lm_head.linear.$1"},
-  };
-  for (auto& [re, to] : rules)
-    if (std::regex_match(k, re)) return std::regex_replace(k, re, to);
-  return "";
+  static const detail::Renamer rename(/*from_old=*/false);
+  return rename(k);
 }
 
 /// What a file (or a directory of shards) held, under new-scheme names, after the strict check.

@@ -5,6 +5,7 @@
 // dropout masks (the device's generator is restored); autocast; 8-bit AdamW matches its CPU arithmetic.
 // On a GPU machine: `scripts/gpu_check.sh` builds and runs this file against a CUDA LibTorch 2.x.
 #include "support/catch_torch.hpp"
+#include "support/scratch_dir.hpp"
 #include "support/tiny_transformer.hpp"
 
 #include <mpx/mpx.hpp>
@@ -110,7 +111,7 @@ TEST_CASE("a one-stage pipeline on the device trains like plain LibTorch on CPU"
 TEST_CASE("a device run saved after 3 steps and loaded continues with the same losses", "[device]")
 {
   namespace fs = std::filesystem;
-  const std::string dir = (fs::temp_directory_path() / ("mpx-device-" + std::to_string(::getpid()))).string();
+  const std::string dir = test::scratch_dir("mpx-device") + "/checkpoint";
   auto w = one_rank_world();
   auto o = options();
   auto a = make_trainer<P1Adam>(w, o);
@@ -125,7 +126,7 @@ TEST_CASE("a device run saved after 3 steps and loaded continues with the same l
   }
   auto pa = a.parameters(0), pb = b.parameters(0);
   for (std::size_t i = 0; i < pa.size(); ++i) CHECK(torch::equal(pa[i], pb[i]));
-  fs::remove_all(dir);
+  fs::remove_all(fs::path(dir).parent_path());
 }
 
 TEST_CASE("an inf under the loss scaler skips the step on the device, halves the scale, and training goes on", "[device]")

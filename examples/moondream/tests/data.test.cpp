@@ -2,6 +2,7 @@
 // Tests for examples/moondream/data.hpp: the generated set (deterministic, balanced, disjoint held-out
 // split), JSONL/DOCCI loading with errors naming file and line, PNG round trip, collation.
 #include "../../../tests/support/catch_torch.hpp"
+#include "../../../tests/support/scratch_dir.hpp"
 #include "../data.hpp"
 
 #include <filesystem>
@@ -11,13 +12,7 @@
 
 namespace
 {
-std::string tmpdir(const std::string& name)
-{
-  auto d = std::filesystem::temp_directory_path() / ("moondream_data_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d.string();
-}
+std::string tmpdir(const std::string& name) { return test::scratch_dir("moondream_data_" + name); }
 }  // namespace
 
 TEST_CASE("Generated set: deterministic by seed and index, every kind present, answers match pixels", "[moondream][data]")

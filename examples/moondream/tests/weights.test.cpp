@@ -2,6 +2,7 @@
 // Tests for examples/moondream/weights.hpp: both naming schemes round-trip, dtypes, shards, and the
 // strict check listing missing, unexpected and mis-shaped tensors.
 #include "../../../tests/support/catch_torch.hpp"
+#include "../../../tests/support/scratch_dir.hpp"
 #include "../weights.hpp"
 #include "../model.hpp"
 
@@ -15,13 +16,7 @@ moondream::Config cfg()
   c.text.vocab_size = 300, c.tokenizer.bos_id = c.tokenizer.eos_id = 299;
   return c;
 }
-std::string tmpdir(const std::string& name)
-{
-  auto d = std::filesystem::temp_directory_path() / ("moondream_weights_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d.string();
-}
+std::string tmpdir(const std::string& name) { return test::scratch_dir("moondream_weights_" + name); }
 }  // namespace
 
 TEST_CASE("The model's names are exactly the expected new-scheme names and shapes", "[moondream][weights]")

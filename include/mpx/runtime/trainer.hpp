@@ -709,21 +709,12 @@ class Trainer
   /// Sum of squares of this rank's gradients.
   double local_grad_sq() const
   {
-    double sq = 0;
-    std::vector<at::Tensor> norms;  // on a GPU: one host sync for all of them
+    std::vector<at::Tensor> norms;  // fp32 norms, squared and summed in double; one host sync for all
     for (int s = 0; s < N; ++s)
       if (mine_[std::size_t(s)])
         for (auto& p : params_[std::size_t(s)])
-          if (p.grad().defined()) {
-            if (!p.grad().is_cpu()) {
-              norms.push_back(p.grad().norm());
-              continue;
-            }
-            const double n = p.grad().norm().template item<double>();  // fp32 reduction, summed in double
-            sq += n * n;
-          }
-    if (!norms.empty()) sq += torch::stack(norms).to(at::kDouble).pow(2).sum().template item<double>();
-    return sq;
+          if (p.grad().defined()) norms.push_back(p.grad().norm());
+    return norms.empty() ? 0.0 : torch::stack(norms).to(at::kDouble).pow(2).sum().template item<double>();
   }
 
   /// Scales every gradient so that the global norm is at most `clip_norm` (when clipping is on).
