@@ -7,7 +7,7 @@ build=${1:-build}
 bench=$build/benchmarks/memory/memory_bench
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 declare -A r
-for mode in plain-1 plain-2 plain-8 ckpt-1 ckpt-2 ckpt-8 optim-adamw optim-adamw8bit speed-fp32 speed-bf16; do
+for mode in plain-1 plain-2 plain-8 ckpt-1 ckpt-2 ckpt-8 blocks-1 blocks-2 blocks-8 optim-adamw optim-adamw8bit speed-fp32 speed-bf16; do
   r[$mode]=$("$bench" "$mode" | grep '^result' | cut -d' ' -f3-)
   echo "$mode ${r[$mode]}"
 done
@@ -22,11 +22,12 @@ out=benchmarks/results/memory_$(hostname -s)_$(date +%Y%m%d).md
   echo
   echo "## Activation memory: k micro-batches in flight (GPipe holds m, 1F1B holds at most p on rank 0)"
   echo
-  echo "| in flight | plain (MiB) | checkpointed (MiB) | saved | fwd+bwd plain (s) | fwd+bwd checkpointed (s) | recompute cost |"
-  echo "|---|---|---|---|---|---|---|"
+  echo "| in flight | plain (MiB) | whole stage (MiB) | saved | per block (MiB) | saved | fwd+bwd plain (s) | whole stage (s) | per block (s) |"
+  echo "|---|---|---|---|---|---|---|---|---|"
   for k in 1 2 8; do
-    pm=$(f plain-$k 1); cm=$(f ckpt-$k 1); pt=$(f plain-$k 2); ct=$(f ckpt-$k 2)
-    printf '| %d | %s | %s | %.0f%% | %s | %s | +%.0f%% |\n' "$k" "$pm" "$cm" "$(echo "100 * (1 - $cm / $pm)" | bc -l)" "$pt" "$ct" "$(echo "100 * ($ct / $pt - 1)" | bc -l)"
+    pm=$(f plain-$k 1); cm=$(f ckpt-$k 1); bm=$(f blocks-$k 1); pt=$(f plain-$k 2); ct=$(f ckpt-$k 2); bt=$(f blocks-$k 2)
+    printf '| %d | %s | %s | %.0f%% | %s | %.0f%% | %s | %s (+%.0f%%) | %s (+%.0f%%) |\n' "$k" "$pm" "$cm" "$(echo "100 * (1 - $cm / $pm)" | bc -l)" \
+      "$bm" "$(echo "100 * (1 - $bm / $pm)" | bc -l)" "$pt" "$ct" "$(echo "100 * ($ct / $pt - 1)" | bc -l)" "$bt" "$(echo "100 * ($bt / $pt - 1)" | bc -l)"
   done
   echo
   echo "1F1B against GPipe (p = 2, m = 8): rank 0 holds 2 micro-batches instead of 8: $(f plain-2 1) MiB against $(f plain-8 1) MiB."

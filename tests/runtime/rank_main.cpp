@@ -74,6 +74,7 @@ int run(const std::string& name, const std::string& out, int kill_rank, int kill
   if (name == "p2-bf16-wire") return train<P2Bf16>(out, kill_rank, kill_step);
   if (name == "p2-1f1b-checkpointed") return train<P2Ckpt<mpx::OneFOneB>>(out, kill_rank, kill_step);
   if (name == "p2-zbh1-checkpointed") return train<P2Ckpt<mpx::ZBH1>>(out, kill_rank, kill_step);
+  if (name == "p2-bf16-autocast") return train<P2Bf16Autocast>(out, kill_rank, kill_step);
   if (name == "p2-1f1b-block-checkpointed") return train<P2Blocks<mpx::OneFOneB>>(out, kill_rank, kill_step);
   if (name == "p2-zbh1-block-checkpointed") return train<P2Blocks<mpx::ZBH1>>(out, kill_rank, kill_step);
   // start-up errors

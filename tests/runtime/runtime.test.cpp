@@ -44,7 +44,10 @@ Reference reference(const scenario::Spec& s, long skip_step = -1)
       auto batch = tiny::make_batch(scenario::config, scenario::rows_per_replica, step, r, s.replicas);
       for (auto& mb : mpx::split_microbatches(batch, s.microbatches)) {
         auto x = mb.tokens;
-        for (auto& st : stages) x = st->forward(x);
+        for (auto& st : stages) {  // each stage's forward in its own autocast region, as on the ranks
+          mpx::AutocastGuard autocast(c10::DeviceType::CPU, s.bf16, at::kBFloat16);
+          x = st->forward(x);
+        }
         auto loss = tiny::loss(x, mb) / double(s.microbatches * s.replicas);
         loss.backward();
         total += loss.item<double>();
@@ -184,6 +187,11 @@ TEST_CASE("An inf in one stage's gradient makes every rank skip that step and ha
   CHECK(out.find("scale 1 1024 skipped 0") != std::string::npos);  // grows after 2 good steps
   CHECK(out.find("scale 2 2048 skipped 1") != std::string::npos);  // the injected step: skipped on every rank
   CHECK(out.find("scale 3 1024 skipped 0") != std::string::npos);  // halved
+}
+
+TEST_CASE("Stages under bf16 autocast match one process under the same autocast", "[runtime][parity][precision]")
+{
+  check_parity("p2-bf16-autocast");
 }
 
 TEST_CASE("bf16 on the wire trains like fp32 within bf16's rounding", "[runtime][parity]")

@@ -37,6 +37,10 @@ template <class Sched>
 using P2Ckpt = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 3>, mpx::Checkpointed>,
                              Stage<Model, CPU<1>, Layers<3, 6>, mpx::Checkpointed>, Schedule<Sched>, Microbatches<4>,
                              mpx::Batch<tiny::Batch>>;
+/// Both stages' forwards under bf16 autocast (fp32 master weights and gradients).
+using P2Bf16Autocast = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 3>, mpx::Precision<mpx::BF16>>,
+                                     Stage<Model, CPU<1>, Layers<3, 6>, mpx::Precision<mpx::BF16>>, Microbatches<4>,
+                                     mpx::Batch<tiny::Batch>>;
 /// Every block checkpointed on its own (the tiny model marks its blocks with mpx::checkpoint_block).
 template <class Sched>
 using P2Blocks = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 3>, mpx::CheckpointBlocks>,
@@ -63,6 +67,7 @@ struct Spec
   int replicas = 1;
   int microbatches = 4;
   std::vector<std::pair<int, int>> ranges;
+  bool bf16 = false;  ///< the stages run under bf16 autocast (the reference too)
 };
 
 inline const std::vector<Spec>& specs()
@@ -84,6 +89,7 @@ inline const std::vector<Spec>& specs()
       {"p2-1f1b-checkpointed", 2, 1, 4, {{0, 3}, {3, 6}}},
       {"p2-zbh1-checkpointed", 2, 1, 4, {{0, 3}, {3, 6}}},
       {"p2-1f1b-block-checkpointed", 2, 1, 4, {{0, 3}, {3, 6}}},
+      {"p2-bf16-autocast", 2, 1, 4, {{0, 3}, {3, 6}}, true},
       {"p2-zbh1-block-checkpointed", 2, 1, 4, {{0, 3}, {3, 6}}},
   };
   return s;
