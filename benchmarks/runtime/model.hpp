@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The benchmark model: a stack of Linear + GELU layers of equal cost, so pipeline stages are balanced.
+#include <mpx/runtime/checkpoint.hpp>  // mpx::checkpoint_block
 #include <torch/torch.h>
 
 namespace bench
@@ -19,7 +20,10 @@ struct StackImpl : torch::nn::Module
   }
   torch::Tensor forward(torch::Tensor x)
   {
-    for (auto& m : *fcs) x = torch::gelu(m->as<torch::nn::LinearImpl>()->forward(x));
+    for (auto& m : *fcs) {  // each layer a block (mpx::checkpoint_block: a plain call outside mpx's trainer)
+      auto* fc = m->as<torch::nn::LinearImpl>();
+      x = mpx::checkpoint_block(*fc, [fc](const torch::Tensor& t) { return torch::gelu(fc->forward(t)); }, x);
+    }
     return x;
   }
   torch::nn::ModuleList fcs;

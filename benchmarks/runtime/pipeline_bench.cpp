@@ -62,10 +62,10 @@ int pipelined(const char* name, int steps, int argc, char** argv)
   const char* trace = std::getenv("MPX_BENCH_TRACE");  // write the last step's Chrome trace there
   o.trace = trace != nullptr;
   mpx::Trainer<P, torch::Tensor> trainer(world, make, [](const torch::Tensor& x) { return x; }, loss, o);
-  std::vector<double> t;
+  std::vector<double> t, idle;
   for (int s = 0; s < steps + 2; ++s) {
     auto st = trainer.step(mpx::split_microbatches(batch(s), microbatches));
-    if (s >= 2) t.push_back(st.seconds);
+    if (s >= 2) t.push_back(st.seconds), idle.push_back(1.0 - st.compute_seconds / st.seconds);
     if (std::getenv("MPX_BENCH_VERBOSE"))
       std::printf("rank %d step %d: %.1f ms = schedule %.1f (compute %.1f) + optimizer %.1f + rest\n", env.rank, s,
                   st.seconds * 1e3, st.schedule_seconds * 1e3, st.compute_seconds * 1e3, st.optimizer_seconds * 1e3);
@@ -75,7 +75,12 @@ int pipelined(const char* name, int steps, int argc, char** argv)
   auto mx = torch::full({1}, median(t), torch::kDouble);
   std::vector<at::Tensor> v{mx};
   world.world->allreduce(v, {c10d::ReduceOp::MAX})->wait();
-  if (env.rank == 0) std::printf("result %s %.6f expected-bubble %.4f\n", name, mx.item<double>(), trainer.expected_bubble());
+  // the measured bubble: each rank's median idle fraction of its steps, averaged over the ranks
+  std::vector<at::Tensor> b{torch::full({1}, median(idle) / double(env.world_size), torch::kDouble)};
+  world.world->allreduce(b)->wait();
+  if (env.rank == 0)
+    std::printf("result %s %.6f expected-bubble %.4f measured-bubble %.4f\n", name, mx.item<double>(), trainer.expected_bubble(),
+                b[0].item<double>());
   return 0;
 }
 }  // namespace

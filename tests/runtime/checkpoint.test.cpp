@@ -3,6 +3,7 @@
 #include "support/catch_torch.hpp"
 
 #include <mpx/runtime/checkpoint.hpp>
+#include <mpx/runtime/trainer.hpp>  // mpx::detail::usable_boundaries, boundary_segments (the split W pass)
 
 #include <torch/torch.h>
 
@@ -146,4 +147,40 @@ TEST_CASE("checkpoint_block: a plain call unless BlockCheckpointing is on; on, t
   Block b;
   auto y = mpx::checkpoint_block(*b, [&b](const at::Tensor& t) { return b(t); }, torch::randn({2, 32}));
   CHECK(!y.grad_fn());
+}
+
+TEST_CASE("Block boundaries split the W pass: each block's parameters hang below its own output", "[checkpoint][torch]")
+{
+  // pre -> 3 blocks -> head, as a stage with an embedding and a head would be
+  torch::manual_seed(1);
+  torch::nn::Linear pre(32, 32), head(32, 4);
+  std::vector<Block> blocks(3);
+  std::vector<at::Tensor> list;
+  at::Tensor y;
+  {
+    mpx::BlockBoundaries capture(&list);
+    auto h = pre(torch::randn({4, 32}));
+    for (auto& b : blocks) h = mpx::checkpoint_block(*b, [&b](const at::Tensor& t) { return b(t); }, h);
+    y = head(h);
+  }
+  REQUIRE(list.size() == 6);  // input and output of each block
+  const auto bounds = mpx::detail::usable_boundaries(list, {y});
+  REQUIRE(bounds.size() == 4);  // pre's output, then each block's output (shared inputs counted once)
+  const auto seg = mpx::detail::boundary_segments({y}, bounds);
+  auto segment_of = [&](const at::Tensor& p) { return seg.at(p.unsafeGetTensorImpl()); };
+  for (auto& p : head->parameters()) CHECK(segment_of(p) == -1);
+  for (auto& p : pre->parameters()) CHECK(segment_of(p) == 0);
+  for (int k = 0; k < 3; ++k)
+    for (auto& p : blocks[std::size_t(k)]->parameters()) CHECK(segment_of(p) == k + 1);
+  // a parameter used in two blocks is reached from both boundaries: it takes the whole graph
+  std::vector<at::Tensor> list2;
+  at::Tensor y2;
+  {
+    mpx::BlockBoundaries capture(&list2);
+    auto h = pre(torch::randn({4, 32}));
+    for (int k = 0; k < 2; ++k) h = mpx::checkpoint_block(*blocks[0], [&](const at::Tensor& t) { return blocks[0](t); }, h);
+    y2 = head(h);
+  }
+  const auto seg2 = mpx::detail::boundary_segments({y2}, mpx::detail::usable_boundaries(list2, {y2}));
+  for (auto& p : blocks[0]->parameters()) CHECK(seg2.at(p.unsafeGetTensorImpl()) == mpx::detail::several_segments);
 }

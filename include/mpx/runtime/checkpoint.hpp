@@ -142,20 +142,52 @@ class BlockCheckpointing
   bool was_;
 };
 
+namespace detail
+{
+inline std::vector<at::Tensor>*& block_boundaries()
+{
+  thread_local std::vector<at::Tensor>* list = nullptr;
+  return list;
+}
+}  // namespace detail
+
+/// While alive, every `checkpoint_block` on this thread appends its block's input and output to `list`.
+/// The trainer collects them under a split backward (ZB-H1): the weight-gradient pass then differentiates
+/// block by block from these boundaries instead of walking the stage's whole graph again.
+class BlockBoundaries
+{
+ public:
+  explicit BlockBoundaries(std::vector<at::Tensor>* list) : was_(detail::block_boundaries()) { detail::block_boundaries() = list; }
+  ~BlockBoundaries() { detail::block_boundaries() = was_; }
+  BlockBoundaries(const BlockBoundaries&) = delete;
+  BlockBoundaries& operator=(const BlockBoundaries&) = delete;
+
+ private:
+  std::vector<at::Tensor>* was_;
+};
+
 /// Model code marks its blocks with this: `x = mpx::checkpoint_block(*block, [&](const at::Tensor& t) {
 /// return block->forward(t); }, x);`. Under `BlockCheckpointing` with gradients on, the block keeps only
 /// `x` and is recomputed in backward (its parameters' gradients flow); otherwise it is a plain call, so the
-/// module stays ordinary single-device code.
+/// module stays ordinary single-device code. Either way the block's boundaries are reported to an open
+/// `BlockBoundaries`.
 template <class Fn>
 at::Tensor checkpoint_block(torch::nn::Module& block, Fn&& fn, const at::Tensor& x)
 {
-  if (!detail::block_checkpointing_flag() || !at::GradMode::is_enabled()) return fn(x);
+  const bool active = detail::block_checkpointing_flag() && at::GradMode::is_enabled();
   std::vector<at::Tensor> params;
-  for (auto& p : block.parameters())
-    if (p.requires_grad()) params.push_back(p);
-  if (params.empty() && !x.requires_grad()) return fn(x);  // nothing to differentiate: no graph to save
-  auto f = [fn = std::forward<Fn>(fn)](const std::vector<at::Tensor>& in) mutable { return std::vector<at::Tensor>{fn(in[0])}; };
-  return checkpoint(std::move(f), {x}, params)[0];
+  if (active)
+    for (auto& p : block.parameters())
+      if (p.requires_grad()) params.push_back(p);
+  at::Tensor y;
+  if (active && (!params.empty() || x.requires_grad())) {
+    auto f = [fn = std::forward<Fn>(fn)](const std::vector<at::Tensor>& in) mutable { return std::vector<at::Tensor>{fn(in[0])}; };
+    y = checkpoint(std::move(f), {x}, params)[0];
+  } else {
+    y = fn(x);  // a plain call (or nothing to differentiate: no graph to save)
+  }
+  if (auto* list = detail::block_boundaries()) list->insert(list->end(), {x, y});
+  return y;
 }
 
 /// Runs `fn(inputs)` keeping only `inputs` for backward, which recomputes `fn` (see the file comment).

@@ -28,8 +28,10 @@
 #include <mpx/runtime/world.hpp>   // mpx::World
 
 #include <nlohmann/json.hpp>  // nlohmann::json (trace)
+#include <torch/csrc/autograd/functions/accumulate_grad.h>  // torch::autograd::AccumulateGrad (the W pass)
 #include <torch/torch.h>      // torch::optim, torch::autograd
 
+#include <algorithm>   // std::find
 #include <chrono>      // std::chrono::steady_clock
 #include <fstream>     // std::ofstream
 #include <iostream>    // std::cout
@@ -41,6 +43,8 @@
 #include <memory>      // std::unique_ptr
 #include <optional>    // std::optional
 #include <tuple>       // std::tuple
+#include <unordered_map>  // std::unordered_map
+#include <unordered_set>  // std::unordered_set
 #include <vector>      // std::vector
 
 namespace mpx
@@ -108,6 +112,62 @@ struct StepStats
   double optimizer_seconds = 0; ///< time in the optimizers' steps
 };
 
+namespace detail
+{
+inline constexpr int several_segments = -2;
+
+/// The block boundaries a W pass can start from: tensors in the graph (whose grad_fn has one output, so
+/// that stopping there cuts no other path), once each, not the stage's own outputs.
+inline std::vector<at::Tensor> usable_boundaries(const std::vector<at::Tensor>& bounds, const std::vector<at::Tensor>& outputs)
+{
+  std::vector<torch::autograd::Node*> seen;
+  for (const auto& o : outputs)
+    if (o.defined() && o.grad_fn()) seen.push_back(o.grad_fn().get());
+  std::vector<at::Tensor> out;
+  for (const auto& b : bounds) {
+    if (!b.defined() || !b.requires_grad() || !b.grad_fn() || b.grad_fn()->num_inputs() != 1) continue;
+    auto* n = b.grad_fn().get();
+    if (std::find(seen.begin(), seen.end(), n) != seen.end()) continue;
+    seen.push_back(n);
+    out.push_back(b);
+  }
+  return out;
+}
+
+/// For each parameter (by TensorImpl) reached from the outputs (-1) or from boundary k (k) without
+/// crossing another boundary: its segment, or several_segments when it is reached from more than one.
+inline std::unordered_map<c10::TensorImpl*, int> boundary_segments(const std::vector<at::Tensor>& outputs,
+                                                                   const std::vector<at::Tensor>& bounds)
+{
+  using torch::autograd::Node;
+  std::unordered_set<Node*> stop;
+  for (const auto& b : bounds) stop.insert(b.grad_fn().get());
+  std::unordered_map<c10::TensorImpl*, int> where;
+  auto visit = [&](std::vector<Node*> todo, int seg) {
+    std::unordered_set<Node*> seen(todo.begin(), todo.end());
+    while (!todo.empty()) {
+      Node* n = todo.back();
+      todo.pop_back();
+      if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(n)) {
+        auto [it, fresh] = where.emplace(acc->variable.unsafeGetTensorImpl(), seg);
+        if (!fresh && it->second != seg) it->second = several_segments;
+        continue;
+      }
+      for (const auto& e : n->next_edges()) {
+        Node* m = e.function.get();
+        if (m != nullptr && stop.count(m) == 0 && seen.insert(m).second) todo.push_back(m);
+      }
+    }
+  };
+  std::vector<Node*> roots;
+  for (const auto& o : outputs)
+    if (o.defined() && o.grad_fn()) roots.push_back(o.grad_fn().get());
+  visit(roots, -1);
+  for (std::size_t k = 0; k < bounds.size(); ++k) visit({bounds[k].grad_fn().get()}, int(k));
+  return where;
+}
+}  // namespace detail
+
 template <PipelineType P, class Batch>
 class Trainer
 {
@@ -139,6 +199,7 @@ class Trainer
     }
     const Table t = P::make_table();
     actions_ = expand(t, w_.slot);
+    for (const auto& a : actions_) split_ = split_ || a.op == Op::W;
     expected_bubble_ = prove(t).bubble();
     for (int s = 0; s < N; ++s) mine_.push_back(P::slots[s] == w_.slot);
     build(make, std::make_index_sequence<N>{});
@@ -393,6 +454,7 @@ class Trainer
   struct MicroState
   {
     std::vector<at::Tensor> inputs, outputs, grads, input_grads;
+    std::vector<at::Tensor> bounds, bound_grads;  // block boundaries and their gradients (split backward only)
     at::Tensor loss;
     std::unique_ptr<PendingRecv> recv_f, recv_b;  // not movable: the receiver thread points at them
   };
@@ -551,7 +613,12 @@ class Trainer
             }
         }
         torch::AutoGradMode enable(true);
-        st.outputs = forward(s, st.inputs, mbs[std::size_t(mb)], std::make_index_sequence<N>{});
+        std::vector<at::Tensor> bounds;  // under a split backward: the blocks' boundaries, for the W pass
+        {
+          BlockBoundaries capture(split_ ? &bounds : nullptr);
+          st.outputs = forward(s, st.inputs, mbs[std::size_t(mb)], std::make_index_sequence<N>{});
+        }
+        st.bounds = detail::usable_boundaries(bounds, st.outputs);
         if (s == N - 1) {
           st.loss = loss_(detail::unflatten<Output>(st.outputs), mbs[std::size_t(mb)]) / double(M);
           // in double, as the host sum was: the same loss on every device and in every test
@@ -588,11 +655,15 @@ class Trainer
             torch::autograd::backward(outs, grads);
             for (std::size_t i = 0; i < st.inputs.size(); ++i)
               if (st.inputs[i].defined() && st.inputs[i].requires_grad()) st.input_grads[i] = st.inputs[i].grad();
-          } else if (!need.empty()) {  // I: input gradients only; keep the graph for W
-            auto gi = torch::autograd::grad(outs, need, grads, /*retain_graph=*/true, /*create_graph=*/false, /*allow_unused=*/true);
+          } else if (!need.empty() || !st.bounds.empty()) {
+            // I: the input gradients, and those of the block boundaries for W; keep the graph for W
+            std::vector<at::Tensor> wrt(need);
+            wrt.insert(wrt.end(), st.bounds.begin(), st.bounds.end());
+            auto gi = torch::autograd::grad(outs, wrt, grads, /*retain_graph=*/true, /*create_graph=*/false, /*allow_unused=*/true);
             std::size_t j = 0;
             for (std::size_t i = 0; i < st.inputs.size(); ++i)
               if (st.inputs[i].defined() && st.inputs[i].requires_grad()) st.input_grads[i] = gi[j++];
+            st.bound_grads.assign(gi.begin() + std::ptrdiff_t(need.size()), gi.end());
           }
         }
         if (a.op == Op::I) {
@@ -609,10 +680,11 @@ class Trainer
         std::vector<at::Tensor> trainable;
         for (auto& p : params_[std::size_t(s)])
           if (p.requires_grad()) trainable.push_back(p);
-        if (!st.outputs.empty() && !trainable.empty())
-          torch::autograd::backward(st.outputs, st.grads, /*retain_graph=*/false, /*create_graph=*/false, trainable);
+        if (!st.outputs.empty() && !trainable.empty()) weight_gradients(st, trainable);
         st.outputs.clear();
         st.grads.clear();
+        st.bounds.clear();
+        st.bound_grads.clear();
         st.loss = at::Tensor();
         finished_backward(s, backward_left);
         break;
@@ -627,6 +699,34 @@ class Trainer
     if (a.op == Op::B || a.op == Op::W) {
       if (s == 0) st.inputs.clear();
     }
+  }
+
+  /// The W pass of a split backward. Each parameter's gradient is taken from the nearest boundary above
+  /// it — the stage's outputs or a block boundary whose gradient the I pass kept — so W differentiates
+  /// each block alone instead of walking the activation-gradient chain again (libtorch-notes §5, the
+  /// capture split). A parameter reached from several boundaries (shared between blocks) or from none
+  /// takes the whole graph, as without boundaries. Every parameter's gradient is computed exactly once.
+  static void weight_gradients(MicroState& st, const std::vector<at::Tensor>& trainable)
+  {
+    const auto segments = detail::boundary_segments(st.outputs, st.bounds);  // parameter -> segment (-1: outputs)
+    std::vector<at::Tensor> top, rest;
+    std::vector<std::vector<at::Tensor>> per_bound(st.bounds.size());
+    for (const auto& p : trainable) {
+      const auto it = segments.find(p.unsafeGetTensorImpl());
+      const int seg = it == segments.end() ? detail::several_segments : it->second;
+      if (seg == -1) top.push_back(p);
+      else if (seg >= 0) {
+        if (st.bound_grads[std::size_t(seg)].defined()) per_bound[std::size_t(seg)].push_back(p);  // else: no gradient
+      } else {
+        rest.push_back(p);
+      }
+    }
+    // retain the graph: segments share it until the micro-batch's state is dropped just after
+    if (!top.empty()) torch::autograd::backward(st.outputs, st.grads, /*retain_graph=*/true, /*create_graph=*/false, top);
+    for (std::size_t k = 0; k < per_bound.size(); ++k)
+      if (!per_bound[k].empty())
+        torch::autograd::backward({st.bounds[k]}, {st.bound_grads[k]}, /*retain_graph=*/true, /*create_graph=*/false, per_bound[k]);
+    if (!rest.empty()) torch::autograd::backward(st.outputs, st.grads, /*retain_graph=*/true, /*create_graph=*/false, rest);
   }
 
   void barrier(const char* what)
@@ -742,6 +842,7 @@ class Trainer
   std::vector<MicroState> state_;
   std::unique_ptr<Receiver> receiver_ = std::make_unique<Receiver>(w_.pp, w_.timeout);  // after state_: stops first
   std::vector<Event> events_;
+  bool split_ = false;  // this rank's schedule splits backward into I and W (ZB-H1)
   double expected_bubble_ = 0;
   long step_ = 0;
   StepStats last_;
