@@ -16,5 +16,6 @@ run="$build/moondream-demo"
 "$build/examples/moondream/moondream_train" --save "$run" "$@"
 for n in 0 1 2; do
   "$build/examples/moondream/moondream_query" --weights "$run/model" --generated $n \
-    -q "What color is the shape?" -q "What shape is it?" -q "How many shapes are there?"
+    -q "What color is the shape?" -q "What shape is it?" -q "Is the shape on the left or the right?" \
+    -q "Describe the shape." -q "How many shapes are there?"
 done

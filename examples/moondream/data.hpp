@@ -64,14 +64,18 @@ inline void save_png(const std::string& path, const at::Tensor& img_HWC)
     throw mpx::config_error("moondream: cannot write " + path);
 }
 
-/// Generated visual questions. Kinds: "color" (one shape: what colour), "shape" (one shape: which kind),
-/// "count" (1–4 shapes: how many), "position" (two shapes side by side: is the <colour> one left or right).
+/// Generated visual questions, sized so that a from-scratch tiny model learns them in minutes on CPU.
+/// Kinds, a fifth each: "color" (what colour), "shape" (which kind), "position" (left or right) and
+/// "describe" (all three: "red circle on the left") about one shape in the left or right third; "count"
+/// (how many, 1–3 shapes of one size). The descriptions teach every attribute from every one-shape
+/// picture; the short questions teach which attribute a question asks for. Within an image all shapes
+/// have one radius (S/7 to S/6), so counting needs no size invariance.
 class ShapesVqa : public Dataset
 {
  public:
   static constexpr const char* colors[] = {"red", "green", "blue", "yellow"};
   static constexpr const char* shapes[] = {"circle", "square", "triangle"};
-  static constexpr const char* counts[] = {"one", "two", "three", "four"};
+  static constexpr const char* counts[] = {"one", "two", "three"};
 
   ShapesVqa(std::size_t n, std::uint64_t seed, int image_size) : n_(n), seed_(seed), size_(image_size) {}
   std::size_t size() const override { return n_; }
@@ -86,39 +90,34 @@ class ShapesVqa : public Dataset
       auto gen = at::make_generator<at::CPUGeneratorImpl>(rng());
       img.copy_(torch::randint(200, 236, {S, S, 3}, gen, torch::kLong).to(torch::kByte));
     }
-    const int kind = uni(0, 3);
+    const int kind = uni(0, 4);
     Sample s;
     struct Obj { int cx, cy, r, shape, color; };
     std::vector<Obj> objs;
-    const int rmin = std::max(4, S / 10), rmax = std::max(rmin, S / 6);
+    const int r = uni(std::max(3, S / 7), std::max(3, S / 6));
     auto place = [&](int n, int x_lo, int x_hi) {  // non-overlapping shapes with centres x in [x_lo, x_hi]
       for (int tries = 0; int(objs.size()) < n && tries < 1000; ++tries) {
-        const int r = uni(rmin, rmax);
         Obj o{uni(std::max(r, x_lo), std::min(S - 1 - r, x_hi)), uni(r, S - 1 - r), r, uni(0, 2), uni(0, 3)};
         bool ok = true;
         for (auto& p : objs) ok = ok && (std::hypot(p.cx - o.cx, p.cy - o.cy) > p.r + o.r + 2);
         if (ok) objs.push_back(o);
       }
     };
-    if (kind == 0 || kind == 1) {
-      place(1, 0, S);
-      s.kind = kind == 0 ? "color" : "shape";
-      s.question = kind == 0 ? "What color is the shape?" : "What shape is it?";
-      s.answer = kind == 0 ? colors[objs[0].color] : shapes[objs[0].shape];
-    } else if (kind == 2) {
-      const int n = uni(1, 4);
-      place(n, 0, S);
+    if (kind == 4) {
+      place(uni(1, 3), 0, S);
       s.kind = "count";
       s.question = "How many shapes are there?";
       s.answer = counts[objs.size() - 1];
     } else {
-      place(1, 0, S / 2 - rmax);
-      place(2, S / 2 + rmax, S);
-      while (objs.size() == 2 && objs[1].color == objs[0].color) objs[1].color = uni(0, 3);
-      const int which = uni(0, 1);
-      s.kind = "position";
-      s.question = std::string("Is the ") + colors[objs[which].color] + " shape on the left or the right?";
-      s.answer = which == 0 ? "left" : "right";
+      const bool left = uni(0, 1) == 0;
+      place(1, left ? 0 : S - S / 3, left ? S / 3 : S);
+      const std::string color = colors[objs[0].color], shape = shapes[objs[0].shape], side = left ? "left" : "right";
+      static const char* const kinds[] = {"color", "shape", "position", "describe"};
+      static const char* const questions[] = {"What color is the shape?", "What shape is it?", "Is the shape on the left or the right?",
+                                              "Describe the shape."};
+      s.kind = kinds[kind];
+      s.question = questions[kind];
+      s.answer = kind == 0 ? color : kind == 1 ? shape : kind == 2 ? side : color + " " + shape + " on the " + side;
     }
     static const uint8_t rgb[4][3] = {{220, 30, 30}, {30, 170, 40}, {30, 60, 220}, {235, 200, 20}};
     auto a = img.accessor<uint8_t, 3>();

@@ -40,7 +40,7 @@ struct Options
   int microbatch_size = 8;       ///< samples per micro-batch; a step is MOONDREAM_MICROBATCHES micro-batches per replica
   long steps = 240;  // the demo: about 4.5 minutes of training on 2 cores
   double epochs = 0;             ///< if > 0: steps = epochs × train samples / global batch
-  double lr = 0;                 ///< 0: the recipe's (3e-6 fine-tuning with --weights, 2e-3 from scratch)
+  double lr = 0;                 ///< 0: the recipe's (3e-6 fine-tuning with --weights), 1e-3 from scratch
   double warmup = 0.1;           ///< fraction of the steps
   double vision_lr_scale = 1;    ///< the vision stage's learning rate is lr × this
   double weight_decay = 0.01, clip = 1.0;
@@ -62,7 +62,7 @@ struct Options
 
   int microbatches() const { return MOONDREAM_MICROBATCHES; }
   bool train_vision() const { return freeze_vision == "off" || (freeze_vision == "auto" && weights.empty()); }
-  double peak_lr() const { return lr > 0 ? lr : weights.empty() ? 2e-3 : 3e-6; }
+  double peak_lr() const { return lr > 0 ? lr : weights.empty() ? 1e-3 : 3e-6; }
 };
 
 /// The training and held-out sets.
@@ -85,13 +85,31 @@ inline Data make_data(const Options& o, const Config& c)
   return d;
 }
 
+/// A 2-D sine-cosine table for a (grid x grid) patch grid, (1, grid², dim): the first half of the dims
+/// encodes the row, the second the column, each as sin and cos at geometric frequencies (as MAE's fixed
+/// position embedding). A from-scratch ViT then knows where each patch is from its first step.
+inline at::Tensor sincos_2d(int64_t grid, int64_t dim)
+{
+  const int64_t quarter = dim / 4;
+  auto omega = torch::pow(10000.0, -torch::arange(quarter, torch::kDouble) / double(std::max<int64_t>(1, quarter)));  // (dim/4)
+  auto pos = torch::arange(grid, torch::kDouble);
+  auto y = pos.repeat_interleave(grid).unsqueeze(1) * omega.unsqueeze(0), x = pos.repeat({grid}).unsqueeze(1) * omega.unsqueeze(0);
+  auto t = torch::cat({y.sin(), y.cos(), x.sin(), x.cos()}, 1);                                       // (grid², 4·(dim/4))
+  return torch::nn::functional::pad(t, torch::nn::functional::PadFuncOptions({0, dim - t.size(1)})).unsqueeze(0).to(torch::kFloat);
+}
+
 /// Deterministic initialisation by global parameter name, so any split of the model starts from the same
-/// weights: Linear weights and embeddings N(0, 0.02), biases 0, LayerNorm 1 and 0.
+/// weights: Linear weights and embeddings N(0, 0.02), biases 0, LayerNorm 1 and 0, and the vision
+/// position embedding a 2-D sine-cosine table (scaled by 0.5; still trained).
 inline void init_weights(const std::map<std::string, at::Tensor>& w, std::uint64_t seed)
 {
   torch::NoGradGuard ng;
   for (auto& [n, p] : w) {
     const bool ln = n.find("ln") != std::string::npos;  // ln, ln1, ln2, post_ln
+    if (n == "vision.pos_emb" && p.dim() == 3) {
+      const auto g = int64_t(std::lround(std::sqrt(double(p.size(1)))));
+      if (g * g == p.size(1)) { p.copy_(sincos_2d(g, p.size(2)) * 0.5); continue; }
+    }
     if (n.ends_with(".bias")) p.zero_();
     else if (ln) p.fill_(1.0);
     else {
@@ -281,10 +299,32 @@ inline std::vector<std::pair<int, int>> split_layers(int layers, int parts)
   return r;
 }
 
-/// Puts `w` (global names) into the modules' parameters: from --weights, or the deterministic init.
-inline void initialise(const Options& o, const Config& c, const std::map<std::string, at::Tensor>& w)
+/// From scratch, the output bias starts at the log-frequency of the answer tokens (and EOS) of the first
+/// 2000 training samples, every other token at a floor far below: the decoder then knows the answer
+/// vocabulary from step 1 instead of spending its first hundred steps learning it through a 51,200-way
+/// softmax (measured: loss 1.4 instead of 8.8 after 25 steps). Every rank computes the same values.
+inline void init_answer_prior(const std::map<std::string, at::Tensor>& w, const Dataset& train, const Tokenizer& tok, const Config& c)
 {
-  if (o.weights.empty()) init_weights(w, o.seed);
+  auto it = w.find("text.lm_head.bias");
+  if (it == w.end()) return;
+  torch::NoGradGuard ng;
+  auto counts = torch::zeros({c.text.vocab_size}, torch::kDouble);
+  auto acc = counts.accessor<double, 1>();
+  for (std::size_t i = 0; i < std::min<std::size_t>(2000, train.size()); ++i) {
+    auto ids = tok.encode(" " + train.get(i).answer);
+    ids.push_back(c.tokenizer.eos_id);
+    for (int id : ids)
+      if (id >= 0 && id < c.text.vocab_size) acc[id] += 1;
+  }
+  const double floor = 1e-3;
+  it->second.copy_(((counts + floor) / (counts.sum() + floor * double(c.text.vocab_size))).log().to(it->second.dtype()));
+}
+
+/// Puts `w` (global names) into the modules' parameters: from --weights, or the deterministic init
+/// (with the answer prior on the output bias).
+inline void initialise(const Options& o, const Config& c, const std::map<std::string, at::Tensor>& w, const Dataset& train, const Tokenizer& tok)
+{
+  if (o.weights.empty()) init_weights(w, o.seed), init_answer_prior(w, train, tok, c);
   else assign(read_weights(o.weights, c), w);
 }
 
@@ -331,13 +371,13 @@ int train_pipeline(const Options& o)
     constexpr int I = decltype(stage)::value;
     if constexpr (I == 0) {
       Vision v(c);
-      initialise(o, c, v->named_weights());
+      initialise(o, c, v->named_weights(), *data.train, tok);
       if (!o.train_vision())
         for (auto& p : v->parameters()) p.requires_grad_(false);
       return v;
     } else {
       Text t(c, ranges[I - 1].first, ranges[I - 1].second);
-      initialise(o, c, t->named_weights());
+      initialise(o, c, t->named_weights(), *data.train, tok);
       return t;
     }
   };
@@ -428,7 +468,7 @@ inline int train_single(const Options& o)
   Data data = make_data(o, c);
   const long total = resolve_steps(o, data, o.emulate_replicas);
   Moondream m(c);
-  initialise(o, c, m->named_weights());
+  initialise(o, c, m->named_weights(), *data.train, tok);
   std::vector<at::Tensor> trainable;
   for (auto& [n, p] : m->named_weights()) {
     if (n.rfind("vision.", 0) == 0 && !o.train_vision()) p.requires_grad_(false);

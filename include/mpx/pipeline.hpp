@@ -15,14 +15,17 @@
 /// that chain, `Layers` ranges that tile each module exactly once, batch fields that exist, the schedule's
 /// constraints, and the schedule proof (proof.hpp).
 ///
-/// The proof runs at compile time when the table has at most `MPX_COMPILE_TIME_PROOF_STEPS` steps
-/// (default 8192: the compiler's constant evaluator costs about 0.2 ms a step); larger tables are proved
-/// at start-up, before the first step, by the same function. `Pipeline::proved_at_compile_time` says which.
+/// The proof runs at compile time when it steps through at most `MPX_COMPILE_TIME_PROOF_STEPS` computes
+/// one by one (default 8192: the compiler's constant evaluator costs 0.1 to 0.2 ms a step): every step of
+/// a flat table, about stages² for a compressed one (runs.hpp: GPipe, 1F1B, interleaved), whose steady
+/// state the proof fast-forwards whatever m is. Larger ones are proved at start-up, before the first step,
+/// by the same function. `Pipeline::proved_at_compile_time` says which.
 
 #include <mpx/action.hpp>      // mpx::Layout, mpx::Table, mpx::FrozenTable
 #include <mpx/batch.hpp>       // mpx::Batch
 #include <mpx/boundary.hpp>    // mpx::Boundary
 #include <mpx/proof.hpp>       // mpx::prove, mpx::Proof
+#include <mpx/runs.hpp>        // mpx::RunSchedule
 #include <mpx/schedule.hpp>    // mpx::Schedule, mpx::Microbatches, mpx::OneFOneB
 #include <mpx/stage.hpp>       // mpx::Stage
 #include <mpx/user_table.hpp>  // mpx::UserTable
@@ -242,7 +245,8 @@ struct Pipeline
   template <std::size_t... I>
   static constexpr bool layers_tile(std::index_sequence<I...>)
   {
-    return ([] {
+    if constexpr (!(stage<int(I)>::has_layers || ... || false)) return true;  // no ranges: nothing to tile (O(p), not O(p²))
+    else return ([] {
       constexpr int i = int(I);
       using S = stage<i>;
       if constexpr (!S::has_layers) {
@@ -305,11 +309,24 @@ struct Pipeline
     if constexpr (requires { schedule::steps(layout); }) return schedule::steps(layout);
     else return std::size_t(num_stages) * num_microbatches * (schedule::split_backward ? 3 : 2);
   }();
-  static constexpr bool proved_at_compile_time = num_steps <= MPX_COMPILE_TIME_PROOF_STEPS;
+  /// Whether the schedule has a compressed table (runs.hpp): its proof fast-forwards the steady state,
+  /// so it runs at compile time whatever m is.
+  static constexpr bool run_form = RunSchedule<schedule>;
+  /// About how many computes the proof steps through one by one: every step of a flat table; for a
+  /// compressed one, warm-up and drain (about stages², whatever m is) and the runs' pattern entries.
+  static constexpr std::size_t proof_work = [] {
+    if constexpr (run_form) return std::size_t(num_stages) * num_stages + schedule::runs(layout).actions.size();
+    else return num_steps;
+  }();
+  static constexpr bool proved_at_compile_time = proof_work <= MPX_COMPILE_TIME_PROOF_STEPS;
 
   /// The proof, run while the type is instantiated (an empty `Proof` when the table is too large: then
   /// `mpx::proof<P>()` runs it at start-up).
-  static constexpr Proof compile_time_proof = proved_at_compile_time ? prove(schedule::table(layout)) : Proof{};
+  static constexpr Proof compile_time_proof = [] {
+    if constexpr (!proved_at_compile_time) return Proof{};
+    else if constexpr (run_form) return prove(schedule::runs(layout));
+    else return prove(schedule::table(layout));
+  }();
   static_assert(detail::schedule_proof_failed<compile_time_proof.verdict, compile_time_proof.rank, compile_time_proof.step,
                                               compile_time_proof.action.op, compile_time_proof.action.stage,
                                               int(compile_time_proof.action.mb)>::ok);
@@ -334,6 +351,7 @@ template <PipelineType P>
 constexpr Proof proof()
 {
   if constexpr (P::proved_at_compile_time) return P::compile_time_proof;
+  else if constexpr (P::run_form) return prove(P::schedule::runs(P::layout));
   else return prove(P::make_table());
 }
 

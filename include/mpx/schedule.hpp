@@ -10,15 +10,20 @@
 /// - `static constexpr bool interleaved;`  (several stages per rank: stage s on rank s % ranks)
 /// - `static constexpr bool split_backward;`  (backward split into I and W, as ZB-H1)
 /// - `static constexpr mpx::Table table(const mpx::Layout&);`
+/// Optional: `static constexpr mpx::RunTable runs(const mpx::Layout&);` — the same table compressed
+/// (runs.hpp); a pipeline then proves it at compile time whatever m is (GPipe, OneFOneB, Interleaved1F1B).
 /// Models: GPipe, OneFOneB, Interleaved1F1B, ZBH1, UserTable<...>.
 ///
-/// NOTE: the generators write through raw pointers with no helper calls in their loops: the compiler's
-/// constant evaluator is slow per call, and a 64 x 512 table has 65,536 steps.
+/// NOTE: the compiler's constant evaluator is slow per call and per step. GPipe, 1F1B and interleaved
+/// 1F1B emit runs (runs.hpp), whose size does not grow with m; ZB-H1's list scheduler writes its flat
+/// table through raw pointers with no helper calls in its loops.
 
 #include <mpx/action.hpp>  // mpx::Step, mpx::Layout, mpx::Table
+#include <mpx/runs.hpp>    // mpx::RunTable, mpx::to_table
 
 #include <concepts>     // std::convertible_to
 #include <string_view>  // std::string_view
+#include <vector>       // std::vector
 
 namespace mpx
 {
@@ -81,16 +86,17 @@ struct GPipe
   static constexpr std::string_view name = "GPipe";
   static constexpr bool interleaved = false;
   static constexpr bool split_backward = false;
-  static constexpr Table table(const Layout& l)
+  static constexpr RunTable runs(const Layout& l)
   {
-    detail::table_builder b(l, 2);
+    detail::run_builder b(l, 1);
     for (int s = 0; s < l.stages; ++s) {
       const int r = l.rank_of[s];
-      for (int m = 0; m < l.microbatches; ++m) b.put(r, Op::F, s, m);
-      for (int m = 0; m < l.microbatches; ++m) b.put(r, Op::B, s, m);
+      b.span(r, Op::F, s, 0, l.microbatches);
+      b.span(r, Op::B, s, 0, l.microbatches);
     }
-    return b.finish(1);
+    return b.finish();
   }
+  static constexpr Table table(const Layout& l) { return to_table(runs(l)); }
 };
 
 /// 1F1B (PipeDream-Flush): stage s runs min(stages - s - 1, m) warm-up forwards, then alternates one
@@ -100,22 +106,20 @@ struct OneFOneB
   static constexpr std::string_view name = "1F1B";
   static constexpr bool interleaved = false;
   static constexpr bool split_backward = false;
-  static constexpr Table table(const Layout& l)
+  static constexpr RunTable runs(const Layout& l)
   {
-    detail::table_builder b(l, 2);
+    detail::run_builder b(l, 1);
     const int m = l.microbatches;
     for (int s = 0; s < l.stages; ++s) {
       const int r = l.rank_of[s];
       const int warmup = l.stages - s - 1 < m ? l.stages - s - 1 : m;
-      for (int i = 0; i < warmup; ++i) b.put(r, Op::F, s, i);
-      for (int i = 0; i < m - warmup; ++i) {
-        b.put(r, Op::F, s, warmup + i);
-        b.put(r, Op::B, s, i);
-      }
-      for (int i = m - warmup; i < m; ++i) b.put(r, Op::B, s, i);
+      b.span(r, Op::F, s, 0, warmup);
+      b.repeat(r, {{Op::F, std::uint16_t(s), std::uint32_t(warmup)}, {Op::B, std::uint16_t(s), 0}}, m - warmup);
+      b.span(r, Op::B, s, m - warmup, warmup);
     }
-    return b.finish(1);
+    return b.finish();
   }
+  static constexpr Table table(const Layout& l) { return to_table(runs(l)); }
 };
 
 /// Interleaved 1F1B (Megatron's virtual pipeline): each rank holds v = stages / ranks model chunks, stage s
@@ -126,24 +130,32 @@ struct Interleaved1F1B
   static constexpr std::string_view name = "Interleaved1F1B";
   static constexpr bool interleaved = true;
   static constexpr bool split_backward = false;
-  static constexpr Table table(const Layout& l)
+  static constexpr RunTable runs(const Layout& l)
   {
-    detail::table_builder b(l, 2);
+    detail::run_builder b(l, 2);
     const int p = l.ranks, v = l.stages / l.ranks, m = l.microbatches, total = m * v, pv = p * v;
+    // virtual micro-batch k: chunk (k % pv) / p (reversed for backward), micro-batch (k / pv) * p + k % p
+    auto fwd = [&](int k, int r) { return RunAction{Op::F, std::uint16_t(((k % pv) / p) * p + r), std::uint32_t((k / pv) * p + k % p)}; };
+    auto bwd = [&](int k, int r) { return RunAction{Op::B, std::uint16_t((v - 1 - (k % pv) / p) * p + r), std::uint32_t((k / pv) * p + k % p)}; };
     for (int r = 0; r < p; ++r) {
       const int w = (p - r - 1) * 2 + (v - 1) * p;
       const int warmup = m == p ? total : (w < total ? w : total);
-      // virtual micro-batch k: chunk (k % pv) / p (reversed for backward), micro-batch (k / pv) * p + k % p
-      for (int k = 0; k < warmup; ++k) b.put(r, Op::F, ((k % pv) / p) * p + r, (k / pv) * p + k % p);
-      for (int i = 0; i < total - warmup; ++i) {
-        const int kf = warmup + i;
-        b.put(r, Op::F, ((kf % pv) / p) * p + r, (kf / pv) * p + kf % p);
-        b.put(r, Op::B, (v - 1 - (i % pv) / p) * p + r, (i / pv) * p + i % p);
+      for (int k = 0; k < warmup; ++k) b.put(r, Op::F, fwd(k, r).stage, int(fwd(k, r).mb));
+      // steady state: one forward and one backward; it repeats every pv pairs (micro-batches + p), or
+      // every pair when each rank holds one chunk (v = 1)
+      const int len = v == 1 ? 1 : pv, pairs = total - warmup, periods = pairs / len;
+      std::vector<RunAction> period;
+      for (int i = 0; i < len && periods > 0; ++i) period.push_back(fwd(warmup + i, r)), period.push_back(bwd(i, r));
+      b.repeat(r, period, periods);
+      for (int i = periods * len; i < pairs; ++i) {
+        b.put(r, Op::F, fwd(warmup + i, r).stage, int(fwd(warmup + i, r).mb));
+        b.put(r, Op::B, bwd(i, r).stage, int(bwd(i, r).mb));
       }
-      for (int k = total - warmup; k < total; ++k) b.put(r, Op::B, (v - 1 - (k % pv) / p) * p + r, (k / pv) * p + k % p);
+      for (int k = pairs; k < total; ++k) b.put(r, Op::B, bwd(k, r).stage, int(bwd(k, r).mb));
     }
-    return b.finish(2);
+    return b.finish();
   }
+  static constexpr Table table(const Layout& l) { return to_table(runs(l)); }
 };
 
 /// ZB-H1 (zero bubble, "handcrafted 1"): the backward is split into input-gradient (I) and weight-gradient

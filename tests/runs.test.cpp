@@ -1,0 +1,199 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests for mpx/runs.hpp and the proof of compressed tables (proof.hpp): the run tables of the built-in
+// schedules expand to the tables spelled out step by step; their proof agrees with the flat proof in
+// every number, fast-forwards the steady state, and finds each failure where the flat proof does.
+#include "support/catch.hpp"
+
+#include <mpx/proof.hpp>
+#include <mpx/schedule.hpp>
+
+#include <string>
+
+using namespace mpx;
+
+namespace
+{
+// The schedules spelled out step by step (the definitions the run tables must expand to).
+Table gpipe_steps(const Layout& l)
+{
+  detail::table_builder b(l, 2);
+  for (int s = 0; s < l.stages; ++s) {
+    for (int m = 0; m < l.microbatches; ++m) b.put(l.rank_of[s], Op::F, s, m);
+    for (int m = 0; m < l.microbatches; ++m) b.put(l.rank_of[s], Op::B, s, m);
+  }
+  return b.finish(1);
+}
+Table one_f_one_b_steps(const Layout& l)
+{
+  detail::table_builder b(l, 2);
+  const int m = l.microbatches;
+  for (int s = 0; s < l.stages; ++s) {
+    const int r = l.rank_of[s], warmup = std::min(l.stages - s - 1, m);
+    for (int i = 0; i < warmup; ++i) b.put(r, Op::F, s, i);
+    for (int i = 0; i < m - warmup; ++i) b.put(r, Op::F, s, warmup + i), b.put(r, Op::B, s, i);
+    for (int i = m - warmup; i < m; ++i) b.put(r, Op::B, s, i);
+  }
+  return b.finish(1);
+}
+Table interleaved_steps(const Layout& l)
+{
+  detail::table_builder b(l, 2);
+  const int p = l.ranks, v = l.stages / l.ranks, m = l.microbatches, total = m * v, pv = p * v;
+  auto chunk_f = [&](int k, int r) { return ((k % pv) / p) * p + r; };
+  auto chunk_b = [&](int k, int r) { return (v - 1 - (k % pv) / p) * p + r; };
+  auto mb = [&](int k) { return (k / pv) * p + k % p; };
+  for (int r = 0; r < p; ++r) {
+    const int w = (p - r - 1) * 2 + (v - 1) * p, warmup = m == p ? total : std::min(w, total);
+    for (int k = 0; k < warmup; ++k) b.put(r, Op::F, chunk_f(k, r), mb(k));
+    for (int i = 0; i < total - warmup; ++i) b.put(r, Op::F, chunk_f(warmup + i, r), mb(warmup + i)), b.put(r, Op::B, chunk_b(i, r), mb(i));
+    for (int k = total - warmup; k < total; ++k) b.put(r, Op::B, chunk_b(k, r), mb(k));
+  }
+  return b.finish(2);
+}
+
+bool same_table(const Table& a, const Table& b)
+{
+  if (a.num_ranks() != b.num_ranks()) return false;
+  for (int r = 0; r <= a.num_ranks(); ++r)
+    if (a.begin[r] != b.begin[r] || (r < a.num_ranks() && a.post_begin[r] != b.post_begin[r])) return false;
+  for (std::size_t i = 0; i < a.begin[a.num_ranks()]; ++i) {
+    const Step &x = a.steps[i], &y = b.steps[i];
+    if (x.op != y.op || x.stage != y.stage || x.mb != y.mb || x.post_end != y.post_end) return false;
+  }
+  return true;
+}
+
+std::string differences(const Proof& a, const Proof& b)
+{
+  std::string d;
+  if (a.verdict != b.verdict) d += " verdict " + std::to_string(int(a.verdict)) + "/" + std::to_string(int(b.verdict));
+  if (a.rank != b.rank || a.step != b.step) d += " at " + std::to_string(a.rank) + ":" + std::to_string(a.step) + "/" + std::to_string(b.rank) + ":" + std::to_string(b.step);
+  if (!(a.action == b.action)) d += " action";
+  if (a.makespan != b.makespan) d += " makespan " + std::to_string(a.makespan) + "/" + std::to_string(b.makespan);
+  for (int r = 0; r < a.ranks; ++r) {
+    if (a.busy[r] != b.busy[r]) d += " busy@" + std::to_string(r);
+    if (a.peak_in_flight[r] != b.peak_in_flight[r]) d += " peak@" + std::to_string(r);
+  }
+  return d;
+}
+}  // namespace
+
+TEST_CASE("Run tables expand to the schedules spelled out step by step, and prove the same", "[runs][proof]")
+{
+  int cases = 0;
+  for (int p : {1, 2, 3, 4, 5, 8, 16})
+    for (int m : {1, 2, 3, 4, 5, 7, 8, 16, 33, 64, 200}) {
+      const Layout l = Layout::looped(p, p, m);
+      for (int which = 0; which < 2; ++which) {
+        const RunTable rt = which == 0 ? GPipe::runs(l) : OneFOneB::runs(l);
+        const Table t = to_table(rt);
+        INFO((which == 0 ? "GPipe" : "1F1B") << " p=" << p << " m=" << m);
+        CHECK(same_table(t, which == 0 ? gpipe_steps(l) : one_f_one_b_steps(l)));
+        const Proof flat = prove(t), runs = prove(rt);
+        CHECK(flat.ok());
+        CHECK(differences(flat, runs) == "");
+        CHECK(runs.steps == flat.steps);
+        CHECK(rt.runs.size() <= std::size_t(3 * p));  // warm-up, steady, drain per stage
+        ++cases;
+      }
+      for (int v : {1, 2, 3}) {
+        if (m % p != 0 || (p == 1 && v > 1)) continue;
+        const Layout li = Layout::looped(p, p * v, m);
+        const RunTable rt = Interleaved1F1B::runs(li);
+        INFO("interleaved v=" << v << " p=" << p << " m=" << m);
+        CHECK(same_table(to_table(rt), interleaved_steps(li)));
+        const Proof flat = prove(to_table(rt)), runs = prove(rt);
+        CHECK(flat.ok());
+        CHECK(differences(flat, runs) == "");
+        ++cases;
+      }
+    }
+  CHECK(cases > 150);
+}
+
+TEST_CASE("The run proof fast-forwards the steady state: its work does not grow with m", "[runs][proof]")
+{
+  for (int m : {256, 512, 4096}) {
+    const Proof a = prove(OneFOneB::runs(Layout::looped(8, 8, m)));
+    CHECK(a.ok());
+    CHECK(a.steps == 8 * 2 * m);
+    CHECK(a.simulated == prove(OneFOneB::runs(Layout::looped(8, 8, 256))).simulated);  // the same few hundred
+    CHECK(a.simulated < 300);
+  }
+  const Proof big = prove(OneFOneB::runs(Layout::looped(64, 64, 512)));  // the compile-time benchmark's case
+  CHECK(big.ok());
+  CHECK(big.steps == 65536);
+  CHECK(big.simulated < 9000);  // about 2 p²: warm-up, fill and drain
+  CHECK(prove(GPipe::runs(Layout::looped(64, 64, 512))).simulated < 5000);
+  STATIC_REQUIRE(prove(OneFOneB::runs(Layout::looped(16, 16, 4096))).ok());  // at compile time, 131,072 steps
+}
+
+namespace
+{
+/// A hand-written run table of `ranks` ranks (one stage each) and m micro-batches.
+struct Hand
+{
+  detail::run_builder b;
+  Hand(int ranks, int m, int look = 1) : b(Layout::looped(ranks, ranks, m), look) {}
+};
+}  // namespace
+
+TEST_CASE("Run proof failures match the flat proof's verdict and place", "[runs][proof]")
+{
+  auto both = [](const RunTable& rt) {
+    const Proof runs = prove(rt), flat = prove(to_table(rt));
+    INFO("differences:" << differences(flat, runs));
+    CHECK(runs.verdict == flat.verdict);
+    CHECK(runs.rank == flat.rank);
+    CHECK(runs.step == flat.step);
+    CHECK(runs.action == flat.action);
+    return runs.verdict;
+  };
+  {  // a correct 1F1B by hand, the steady state as a repeated pattern
+    Hand h(2, 6);
+    h.b.span(0, Op::F, 0, 0, 1);
+    h.b.repeat(0, {{Op::F, 0, 1}, {Op::B, 0, 0}}, 5);
+    h.b.put(0, Op::B, 0, 5);
+    h.b.repeat(1, {{Op::F, 1, 0}, {Op::B, 1, 0}}, 6);
+    CHECK(both(h.b.finish()) == Verdict::ok);
+  }
+  {  // the steady run repeats once too often: its last forward names micro-batch 6 of 6
+    Hand h(2, 6);
+    h.b.span(0, Op::F, 0, 0, 1);
+    h.b.repeat(0, {{Op::F, 0, 1}, {Op::B, 0, 0}}, 6);
+    h.b.repeat(1, {{Op::F, 1, 0}, {Op::B, 1, 0}}, 6);
+    CHECK(both(h.b.finish()) == Verdict::foreign_action);
+  }
+  {  // a backward before its forward
+    Hand h(2, 2);
+    h.b.put(0, Op::B, 0, 0);
+    h.b.span(0, Op::F, 0, 0, 2);
+    h.b.put(0, Op::B, 0, 1);
+    h.b.repeat(1, {{Op::F, 1, 0}, {Op::B, 1, 0}}, 2);
+    CHECK(both(h.b.finish()) == Verdict::out_of_order);
+  }
+  {  // a forward twice
+    Hand h(1, 3);
+    h.b.span(0, Op::F, 0, 0, 2);
+    h.b.put(0, Op::F, 0, 1);
+    CHECK(both(h.b.finish()) == Verdict::duplicate_action);
+  }
+  {  // a stage left without its last backward
+    Hand h(1, 3);
+    h.b.span(0, Op::F, 0, 0, 3);
+    h.b.span(0, Op::B, 0, 0, 2);
+    CHECK(both(h.b.finish()) == Verdict::unfinished_microbatch);
+  }
+  {  // a stage on the wrong rank
+    Hand h(2, 1);
+    h.b.put(0, Op::F, 1, 0);
+    CHECK(both(h.b.finish()) == Verdict::foreign_action);
+  }
+  {  // rank 0 waits for a gradient before sending its second activation; rank 1 wants that activation first
+    Hand h(2, 2);
+    h.b.repeat(0, {{Op::F, 0, 0}, {Op::B, 0, 0}}, 2);
+    h.b.span(1, Op::F, 1, 0, 2);
+    h.b.span(1, Op::B, 1, 0, 2);
+    CHECK(both(h.b.finish()) == Verdict::deadlock);
+  }
+}
