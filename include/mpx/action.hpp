@@ -162,6 +162,34 @@ struct FrozenTable
   }
 };
 
+namespace detail
+{
+/// Sets where each rank posts its receives: after compute k, those of every compute up to its
+/// `lookahead`-th next receiving compute (before the first compute: up to the `lookahead`-th). The rule of
+/// every built-in schedule (`table_builder::finish`, `to_table`).
+constexpr void post_receives(Table& t, int lookahead)
+{
+  const Layout& l = t.layout;
+  const int look = lookahead < 1 ? 1 : lookahead;
+  buffer<std::uint32_t> next{std::size_t(look)};  // next[i]: the (i+1)-th receiving compute after k
+  for (int r = 0; r < l.ranks; ++r) {
+    Step* c = t.steps.p + t.begin.p[r];
+    const std::uint32_t n = t.begin.p[r + 1] - t.begin.p[r];
+    for (int i = 0; i < look; ++i) next.p[i] = n;
+    for (std::uint32_t k = n; k-- > 0;) {
+      const std::uint32_t through = next.p[look - 1];
+      c[k].post_end = through < n ? through + 1 : n;
+      if (l.receives(c[k].op, c[k].stage)) {
+        for (int i = look - 1; i > 0; --i) next.p[i] = next.p[i - 1];
+        next.p[0] = k;
+      }
+    }
+    const std::uint32_t through = next.p[look - 1];
+    t.post_begin.p[r] = through < n ? through + 1 : n;
+  }
+}
+}  // namespace detail
+
 /// The receive a compute waits for, if any (`RecvF` for a forward of a later stage, `RecvB` for a
 /// backward of an earlier one).
 constexpr bool receive_of(const Layout& l, Op op, int s, Action& out)

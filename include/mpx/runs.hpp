@@ -165,24 +165,7 @@ constexpr Table to_table(const RunTable& rt)
     }
   }
   t.begin.p[l.ranks] = at;
-  // receives: after compute k, those of the next `lookahead` receiving computes (table_builder::finish)
-  const int look = rt.lookahead < 1 ? 1 : rt.lookahead;
-  detail::buffer<std::uint32_t> next{std::size_t(look)};  // next[i]: the (i+1)-th receiving compute after k
-  for (int r = 0; r < l.ranks; ++r) {
-    Step* c = t.steps.p + t.begin.p[r];
-    const std::uint32_t n = t.begin.p[r + 1] - t.begin.p[r];
-    for (int i = 0; i < look; ++i) next.p[i] = n;
-    for (std::uint32_t k = n; k-- > 0;) {
-      const std::uint32_t through = next.p[look - 1];
-      c[k].post_end = through < n ? through + 1 : n;
-      if (l.receives(c[k].op, c[k].stage)) {
-        for (int i = look - 1; i > 0; --i) next.p[i] = next.p[i - 1];
-        next.p[0] = k;
-      }
-    }
-    const std::uint32_t through = next.p[look - 1];
-    t.post_begin.p[r] = through < n ? through + 1 : n;
-  }
+  detail::post_receives(t, rt.lookahead);
   return t;
 }
 

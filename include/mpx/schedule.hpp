@@ -54,27 +54,12 @@ struct table_builder
     t.steps.p[cursor.p[r]++] = Step{op, std::uint16_t(s), std::uint32_t(mb), 0};
   }
 
-  /// Sets where receives are posted: after compute k a rank has posted the receives of every compute up
-  /// to the `lookahead`-th next one that receives anything (1 or 2). Two neighbours that send to each
-  /// other at the same moment then both find their receive posted (a Gloo send completes only when the
-  /// peer has posted the matching receive).
+  /// Sets where receives are posted (`detail::post_receives`, 1 or 2 receiving computes ahead): two
+  /// neighbours that send to each other at the same moment then both find their receive posted (a Gloo
+  /// send completes only when the peer has posted the matching receive).
   constexpr Table finish(int lookahead)
   {
-    const int S = t.layout.stages;
-    for (int r = 0; r < t.layout.ranks; ++r) {
-      Step* c = t.steps.p + t.begin.p[r];
-      const std::uint32_t n = t.begin.p[r + 1] - t.begin.p[r];
-      std::uint32_t n1 = n, n2 = n;  // next and second-next receiving compute after k
-      for (std::uint32_t k = n; k-- > 0;) {
-        const std::uint32_t through = lookahead == 1 ? n1 : n2;
-        c[k].post_end = through < n ? through + 1 : n;
-        const Op op = c[k].op;
-        const int s = c[k].stage;
-        if ((op == Op::F && s > 0) || ((op == Op::B || op == Op::I) && s + 1 < S)) { n2 = n1; n1 = k; }
-      }
-      const std::uint32_t through = lookahead == 1 ? n1 : n2;
-      t.post_begin.p[r] = through < n ? through + 1 : n;
-    }
+    post_receives(t, lookahead);
     return static_cast<Table&&>(t);
   }
 };
