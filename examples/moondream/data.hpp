@@ -44,6 +44,8 @@ class Dataset
   virtual ~Dataset() = default;
   virtual std::size_t size() const = 0;
   virtual Sample get(std::size_t i) const = 0;
+  /// Sample i's answer alone (a file-backed set answers without decoding the image).
+  virtual std::string answer(std::size_t i) const { return get(i).answer; }
 };
 
 /// Decodes an image file to (H, W, 3) uint8.
@@ -184,6 +186,7 @@ class JsonlVqa : public Dataset
     if (items_.empty()) throw mpx::config_error("moondream: " + path + " holds no samples");
   }
   std::size_t size() const override { return items_.size(); }
+  std::string answer(std::size_t i) const override { return items_.at(i).answer; }
   Sample get(std::size_t i) const override
   {
     const auto& it = items_.at(i);

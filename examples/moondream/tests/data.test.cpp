@@ -71,6 +71,7 @@ TEST_CASE("JSONL and DOCCI lines load; PNG round trip; errors name file and line
   CHECK(torch::equal(ok.get(0).image, gen.get(0).image));  // PNG is lossless
   CHECK(ok.get(1).question == "Describe this image.");
   CHECK(ok.get(1).answer == "A shape on grey.");
+  CHECK(ok.answer(0) == "red");  // without decoding the image
   auto bad = [&](const std::string& line) {
     std::ofstream(dir + "/bad.jsonl") << R"({"image": "img0.png", "question": "q", "answer": "a"})" << "\n" << line << "\n";
     return dir + "/bad.jsonl";
