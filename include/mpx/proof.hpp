@@ -466,15 +466,6 @@ constexpr Proof prove(const RunTable& t)
       std::int64_t k = rk.p[r];
       const std::int64_t n = nsteps.p[r];
       if (k >= n) continue;
-      {  // still blocked where it stopped (a valid compute waiting for data, or a send for its receive)? next rank
-        const std::uint32_t x = RN[rj.p[r]].first + std::uint32_t(ra.p[r]);
-        if (phase.p[r] == 1) {
-          if (rposted.p[sch.p[x]] <= sent.p[sch.p[x]]) continue;  // phase 1 only waits on a send
-        } else if (rch.p[x] >= 0 && sent.p[rch.p[x]] <= consumed.p[rch.p[x]] && pk.p[r] > k) {
-          const std::int64_t mb = std::int64_t(A[x].mb) + rq.p[r] * std::int64_t(A[x].stride);
-          if (mb < lim.p[x] && mb == cnt.p[ctr.p[x]] && mb < cnt.p[need.p[x]]) continue;
-        }
-      }
       std::int64_t j = rj.p[r], q = rq.p[r], a = ra.p[r], ph = phase.p[r];
       std::int64_t cj = pj.p[r], cq = pq.p[r], ca = pa.p[r], ck = pk.p[r], pend = pending.p[r];
       std::int64_t clk = clock.p[r], bsy = busy.p[r], fl = in_flight.p[r], top = peak.p[r], wm = wmax.p[r];
