@@ -10,6 +10,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <malloc.h>  // mallopt: keep freed memory, as mpx::make_world and pipeline_bench's single mode do
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +21,7 @@ using namespace bench;
 int main(int argc, char** argv)
 {
   torch::set_num_threads(1);
+  mallopt(M_MMAP_MAX, 0), mallopt(M_TRIM_THRESHOLD, 0x7fffffff);
   const int steps = argc > 1 ? std::atoi(argv[1]) : 10;
   const int rank = std::atoi(std::getenv("RANK")), world = std::atoi(std::getenv("WORLD_SIZE"));
   if (world != 2) {

@@ -29,6 +29,7 @@ double median(std::vector<double> v)
 
 int single(int steps)
 {
+  mpx::keep_host_memory();  // as make_world does in the pipelined modes
   torch::manual_seed(0);
   Stack model(layers_total);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-4));

@@ -29,7 +29,7 @@ int main(int argc, char** argv)
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   app.add_option("--epochs", o.epochs, "if set: steps = epochs x samples / global batch");
-  app.add_option("--lr", o.lr, "peak learning rate; default 3e-6 when fine-tuning (--weights), 1e-3 from scratch");
+  app.add_option("--lr", o.lr, "peak learning rate; default 3e-6 when fine-tuning (--weights), 5e-4 from scratch");
   app.add_option("--vision-lr-scale", o.vision_lr_scale, "the vision stage learns at lr x this")->capture_default_str();
   app.add_option("--warmup", o.warmup, "warm-up fraction of the steps (then cosine to 0.1 x lr)")->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay)->capture_default_str();

@@ -13,7 +13,7 @@
 
 #include <ATen/Parallel.h>  // at::parallel_for
 
-#include <algorithm>      // std::clamp
+#include <algorithm>      // std::clamp, std::all_of, std::fill
 #include <cmath>          // std::pow, std::sqrt
 #include <cstring>        // std::memcpy
 #include <string>         // std::string
@@ -149,10 +149,22 @@ inline void fused_step_8bit(at::Tensor& p, const at::Tensor& g, Quantized& m8, Q
   float *ma = m8.absmax.data_ptr<float>(), *va = v8.absmax.data_ptr<float>();
   const float fb1 = float(b1), fb2 = float(b2), f1b1 = float(1 - b1), f1b2 = float(1 - b2), decay = float(1 - lr * wd), fc2 = float(c2),
               feps = float(eps), step_size = float(-lr / c1);
+  const int zero_s = sl(0.0f), zero_u = ul(0.0f);
   at::parallel_for(0, blocks, 16, [&](std::int64_t b0, std::int64_t b1_) {
     float m[quant_block], v[quant_block];
     for (std::int64_t b = b0; b < b1_; ++b) {
       const std::int64_t off = b * quant_block, len = std::min(quant_block, n - off);
+      // A block with no gradient and both moments zero (an embedding's rows no token of the batch used):
+      // the moments stay zero and the update is the weight decay alone — what the loop below computes,
+      // bit for bit, at a fraction of the cost.
+      if (std::all_of(gp + off, gp + off + len, [](float x) { return x == 0.0f; }) &&
+          (first || (std::all_of(mc + off, mc + off + quant_block, [&](std::uint8_t c) { return c == zero_s; }) &&
+                     std::all_of(vc + off, vc + off + quant_block, [&](std::uint8_t c) { return c == zero_u; })))) {
+        for (std::int64_t i = 0; i < len; ++i) pp[off + i] *= decay;
+        if (first) std::fill(mc + off, mc + off + quant_block, std::uint8_t(zero_s)), std::fill(vc + off, vc + off + quant_block, std::uint8_t(zero_u));
+        ma[b] = va[b] = 1e-30f;
+        continue;
+      }
       float am = 0, av = 0;
       for (std::int64_t i = 0; i < len; ++i) {
         float mi = first ? 0.0f : sc[mc[off + i]] * ma[b];
@@ -167,7 +179,6 @@ inline void fused_step_8bit(at::Tensor& p, const at::Tensor& g, Quantized& m8, Q
       }
       am = std::max(am, 1e-30f), av = std::max(av, 1e-30f);
       ma[b] = am, va[b] = av;
-      const int zero_s = sl(0.0f), zero_u = ul(0.0f);
       for (std::int64_t i = 0; i < quant_block; ++i) {
         if (i < len) {
           mc[off + i] = std::uint8_t(sl(std::clamp(m[i] / am, -1.0f, 1.0f)));

@@ -12,6 +12,7 @@
 #include <mpx/pipeline.hpp>        // mpx::PipelineType
 #include <mpx/runtime/env.hpp>     // mpx::Env
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/torch/host_memory.hpp>  // mpx::keep_host_memory
 #include <mpx/torch/version.hpp>    // MPX_TORCH_AT_LEAST
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>       // c10d::PrefixStore
@@ -44,6 +45,7 @@ struct WorldOptions
 {
   std::chrono::milliseconds timeout{60000};  ///< every wait: rendezvous, messages, collectives
   bool allow_cpu = false;  ///< run GPU<i> stages on CPU when there is no CUDA (the examples opt in)
+  bool keep_host_memory = true;  ///< mpx::keep_host_memory(): no page faults for every large CPU tensor (torch/host_memory.hpp)
 };
 
 /// The groups of one run (see the file comment).
@@ -100,6 +102,7 @@ inline std::string gloo_host(const Env& e)
 template <PipelineType P>
 World make_world(const Env& env, const WorldOptions& opt = {})
 {
+  if (opt.keep_host_memory) keep_host_memory();
   World w;
   w.env = env;
   w.timeout = opt.timeout;
