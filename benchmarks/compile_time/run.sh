@@ -18,7 +18,7 @@ best() {  # best wall time of 3 runs, in seconds
   printf '%.2f' "$b"
 }
 out=benchmarks/results/compile_time_$(hostname -s)_$(date +%Y%m%d).md
-earlier=$(mktemp); if [ -f "$out" ]; then cp "$out" "$earlier"; fi  # kept below the new results, never overwritten
+source benchmarks/results_file.sh && keep_earlier "$out"  # the day's earlier results stay, below the new ones
 base=$(best)
 {
   echo "# Compile time of the schedule proof"
@@ -45,5 +45,4 @@ for cfg in "OneFOneB 2 8" "OneFOneB 8 64" "OneFOneB 16 128" "ZBH1 8 64" "OneFOne
   echo "$sched p=$p m=$m: $t s"
 done
 echo "wrote $out"
-if [ -s "$earlier" ]; then { echo; echo "---"; echo; echo "# Earlier results of the same day"; echo; cat "$earlier"; } >> "$out"; fi
-rm -f "$earlier"
+append_earlier "$out"

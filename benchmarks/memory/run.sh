@@ -13,7 +13,7 @@ for mode in plain-1 plain-2 plain-8 ckpt-1 ckpt-2 ckpt-8 blocks-1 blocks-2 block
 done
 f() { echo "${r[$1]}" | cut -d' ' -f"$2"; }
 out=benchmarks/results/memory_$(hostname -s)_$(date +%Y%m%d).md
-earlier=$(mktemp); if [ -f "$out" ]; then cp "$out" "$earlier"; fi  # kept below the new results, never overwritten
+source benchmarks/results_file.sh && keep_earlier "$out"  # the day's earlier results stay, below the new ones
 {
   echo "# Activation memory, recomputation, optimizer state, bf16 on CPU"
   echo
@@ -46,6 +46,5 @@ earlier=$(mktemp); if [ -f "$out" ]; then cp "$out" "$earlier"; fi  # kept below
   echo "|---|---|---|"
   printf '| %s | %s | %.2fx slower |\n' "$(f speed-fp32 2)" "$(f speed-bf16 2)" "$(echo "$(f speed-bf16 2) / $(f speed-fp32 2)" | bc -l)"
 } > "$out"
-if [ -s "$earlier" ]; then { echo; echo "---"; echo; echo "# Earlier results of the same day"; echo; cat "$earlier"; } >> "$out"; fi
-rm -f "$earlier"
+append_earlier "$out"
 cat "$out"

@@ -26,7 +26,7 @@ for ((r = 0; r < rounds; r++)); do
 done
 med() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 out=benchmarks/results/runtime_$(hostname -s)_$(date +%Y%m%d).md
-earlier=$(mktemp); if [ -f "$out" ]; then cp "$out" "$earlier"; fi  # kept below the new results, never overwritten
+source benchmarks/results_file.sh && keep_earlier "$out"  # the day's earlier results stay, below the new ones
 single=$(echo "${all[single]}" | med)
 hand=$(echo "${all[handwritten]}" | med)
 m=8; p=2
@@ -53,6 +53,5 @@ m=8; p=2
   echo
   for mode in single gpipe 1f1b zbh1 interleaved handwritten; do echo "- $mode:${all[$mode]}"; done
 } > "$out"
-if [ -s "$earlier" ]; then { echo; echo "---"; echo; echo "# Earlier results of the same day"; echo; cat "$earlier"; } >> "$out"; fi
-rm -f "$earlier"
+append_earlier "$out"
 cat "$out"
