@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The hand-written baseline: the same balanced model and step as pipeline_bench, pipelined over two
-// ranks with plain c10d send/recv and a hard-coded 1F1B order — no framework, no headers (shapes are
-// fixed), every receive posted at the start of the step, sends waited at its end. Start it with mpxrun:
+// ranks with plain c10d send/recv and a hard-coded 1F1B order — no framework (of mpx only its host
+// allocator, as the mpx modes use), no headers (shapes are fixed), every receive posted at the start of
+// the step, sends waited at its end. Start it with mpxrun:
 //   mpxrun --nproc-per-node 2 baseline_1f1b [steps]
 // Prints "result handwritten <median seconds per step>" on rank 0.
 #include "model.hpp"
@@ -10,7 +11,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <malloc.h>  // mallopt: keep freed memory, as mpx::make_world and pipeline_bench's single mode do
+#include <mpx/torch/host_memory.hpp>  // the same allocator as the mpx modes (only this standalone header of mpx)
 
 #include <algorithm>
 #include <cstdio>
@@ -21,7 +22,7 @@ using namespace bench;
 int main(int argc, char** argv)
 {
   torch::set_num_threads(1);
-  mallopt(M_MMAP_MAX, 0), mallopt(M_TRIM_THRESHOLD, 0x7fffffff);
+  mpx::keep_host_memory();  // large tensors from a cache, as make_world does for the mpx modes
   const int steps = argc > 1 ? std::atoi(argv[1]) : 10;
   const int rank = std::atoi(std::getenv("RANK")), world = std::atoi(std::getenv("WORLD_SIZE"));
   if (world != 2) {

@@ -3,7 +3,6 @@
 /// @file config.hpp
 /// Version macros and the few building blocks every mpx header shares.
 
-#include <algorithm>  // std::copy_n
 #include <cstddef>    // std::size_t
 #include <cstdint>    // std::uint64_t
 #include <string_view>  // std::string_view
@@ -23,7 +22,10 @@ template <std::size_t N>
 struct fixed_string
 {
   char data[N]{};
-  constexpr fixed_string(const char (&s)[N]) { std::copy_n(s, N, data); }
+  constexpr fixed_string(const char (&s)[N])
+  {
+    for (std::size_t i = 0; i < N; ++i) data[i] = s[i];
+  }
   constexpr std::string_view view() const { return {data, N - 1}; }
   constexpr std::size_t size() const { return N - 1; }
 };

@@ -71,6 +71,15 @@ template <class List, class T, class... Ts> struct stages_of<List, T, Ts...>
 template <class List> struct as_tuple;
 template <class... Ss> struct as_tuple<type_list<Ss...>> { using type = std::tuple<Ss...>; };
 
+// The I-th type of a list in O(1) instantiations (std::tuple_element recurses through the pack: with
+// 64 stages that alone was a tenth of a second of compile time).
+template <std::size_t I, class T> struct indexed { using type = T; };
+template <class Seq, class... Ts> struct indexer;
+template <std::size_t... I, class... Ts> struct indexer<std::index_sequence<I...>, Ts...> : indexed<I, Ts>... {};
+template <std::size_t I, class T> indexed<I, T> select(const indexed<I, T>&);  // unevaluated only
+template <class List> struct indexer_of;
+template <class... Ts> struct indexer_of<type_list<Ts...>> { using type = indexer<std::index_sequence_for<Ts...>, Ts...>; };
+
 template <class O> struct option_value { static constexpr int value = 0; };
 template <int M> struct option_value<Microbatches<M>> { static constexpr int value = M; };
 template <class O> struct schedule_of_option { using type = OneFOneB; };
@@ -142,8 +151,11 @@ struct Pipeline
   static_assert(detail::count_if<detail::is_batch_p, Args...> <= 1, "mpx::Pipeline<...>: give at most one mpx::Batch<B>");
 
   using stages = typename detail::as_tuple<typename detail::stages_of<detail::type_list<>, Args...>::type>::type;
+ private:
+  using stage_indexer = typename detail::indexer_of<typename detail::stages_of<detail::type_list<>, Args...>::type>::type;
+ public:
   template <int I>
-  using stage = std::tuple_element_t<I, stages>;
+  using stage = typename decltype(detail::select<std::size_t(I)>(std::declval<const stage_indexer&>()))::type;
   static constexpr int num_stages = static_cast<int>(std::tuple_size_v<stages>);
 
   using schedule = typename detail::schedule_of_option<typename detail::first_of<detail::is_schedule_p, void, Args...>::type>::type;

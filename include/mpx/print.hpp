@@ -14,10 +14,8 @@
 #include <mpx/pipeline.hpp>  // mpx::PipelineType, mpx::proof
 #include <mpx/proof.hpp>     // mpx::prove
 
-#include <algorithm>  // std::max
 #include <cstdint>    // std::int64_t
 #include <ostream>    // std::ostream
-#include <sstream>    // std::ostringstream
 #include <string>     // std::string
 #include <vector>     // std::vector
 
@@ -75,8 +73,8 @@ void print_timeline(std::ostream& os, const AnyTable& t, int max_units = 120)
     return x + op_name(c.op) + std::to_string(c.mb);
   };
   std::size_t w = 2;
-  for (std::size_t i = 0; i < t.steps.size(); ++i) w = std::max(w, label(t.steps[i]).size());
-  const std::int64_t units = std::min<std::int64_t>(p.makespan, max_units);
+  for (std::size_t i = 0; i < t.steps.size(); ++i) w = label(t.steps[i]).size() > w ? label(t.steps[i]).size() : w;
+  const std::int64_t units = p.makespan < max_units ? p.makespan : std::int64_t(max_units);
   for (int r = 0; r < l.ranks; ++r) {
     std::vector<std::string> row(std::size_t(units), std::string(w, '.'));
     for (std::uint32_t i = t.begin[r]; i < t.begin[r + 1]; ++i) {
@@ -132,7 +130,7 @@ std::ostream& operator<<(std::ostream& os, printer<P>)
   }(std::make_index_sequence<std::size_t(P::num_stages)>{});
   std::vector<std::size_t> w(rows[0].size(), 0);
   for (auto& r : rows)
-    for (std::size_t c = 0; c < r.size(); ++c) w[c] = std::max(w[c], r[c].size());
+    for (std::size_t c = 0; c < r.size(); ++c) w[c] = r[c].size() > w[c] ? r[c].size() : w[c];
   for (auto& r : rows) {
     os << " ";
     for (std::size_t c = 0; c < r.size(); ++c) os << ' ' << detail::pad(r[c], c + 1 < r.size() ? w[c] : 0);

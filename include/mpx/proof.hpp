@@ -22,7 +22,6 @@
 #include <mpx/action.hpp>  // mpx::Step, mpx::Table, mpx::Layout
 #include <mpx/runs.hpp>    // mpx::RunTable
 
-#include <algorithm>  // std::max
 #include <array>      // std::array
 #include <cstdint>    // std::int64_t
 
@@ -83,7 +82,7 @@ struct Proof
   constexpr int max_in_flight() const
   {
     int x = 0;
-    for (int r = 0; r < ranks; ++r) x = std::max(x, peak_in_flight[r]);
+    for (int r = 0; r < ranks; ++r) x = peak_in_flight[r] > x ? peak_in_flight[r] : x;
     return x;
   }
 };

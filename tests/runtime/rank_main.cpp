@@ -56,6 +56,66 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
   return 0;
 }
 
+/// The wire protocol alone (wire.hpp), rank 0 sending to rank 1 on one channel: a sequence of messages
+/// whose layout repeats, changes shape, changes wire dtype, drops a field, carries an empty tensor and
+/// comes back, received two ahead through a Receiver. Rank 1 checks every value and prints "wire ok".
+int wire()
+{
+  const auto env = mpx::read_env();
+  auto world = mpx::make_world<scenario::P2<mpx::OneFOneB>>(env);
+  struct Msg
+  {
+    std::vector<std::int64_t> a;  // shape of field a (empty vector: absent)
+    std::vector<std::int64_t> b;
+    at::ScalarType wire;
+  };
+  const std::vector<Msg> msgs = {
+      {{4, 3}, {5}, at::kFloat},
+      {{4, 3}, {5}, at::kFloat},
+      {{6, 3}, {5}, at::kFloat},     // a changes shape
+      {{6, 3}, {}, at::kFloat},      // b absent (a field without gradient)
+      {{6, 3}, {5}, at::kBFloat16},  // bf16 on the wire, b back
+      {{6, 3}, {5}, at::kBFloat16},
+      {{0, 3}, {5}, at::kBFloat16},  // a empty: header only
+      {{6, 3}, {5}, at::kBFloat16},
+  };
+  auto value = [](const std::vector<std::int64_t>& shape, int k, int field) {  // integers: exact in bf16
+    if (shape.empty()) return at::Tensor();
+    return (torch::arange(c10::multiply_integers(shape), torch::kFloat) + 10 * k + 100 * field).reshape(shape);
+  };
+  const auto timeout = std::chrono::milliseconds(20000);
+  if (env.rank == 0) {
+    std::vector<mpx::PendingSend> sends;
+    for (std::size_t k = 0; k < msgs.size(); ++k)
+      sends.push_back(mpx::send_tensors(world.pp, 1, 0, 1, int(k), false, {value(msgs[k].a, int(k), 0), value(msgs[k].b, int(k), 1)},
+                                        msgs[k].wire, "message " + std::to_string(k)));
+    for (auto& s : sends)
+      for (auto& w : s.works) w->wait(timeout);
+    return 0;
+  }
+  mpx::Receiver receiver(world.pp, timeout);
+  std::vector<std::unique_ptr<mpx::PendingRecv>> recvs;
+  for (std::size_t k = 0; k < msgs.size(); ++k) {  // posted two ahead, as a schedule does
+    recvs.push_back(std::make_unique<mpx::PendingRecv>());
+    mpx::post_recv(*recvs.back(), world.pp, 0, 0, mpx::Expect{1, int(k), false, {"a", "b"}, "Pair"}, "message " + std::to_string(k));
+    receiver.add(recvs.back().get());
+  }
+  for (std::size_t k = 0; k < msgs.size(); ++k) {
+    receiver.await(*recvs[k]);
+    auto got = mpx::finish_recv(world.pp, *recvs[k], timeout);
+    for (int field = 0; field < 2; ++field) {
+      const auto want = value(field ? msgs[k].b : msgs[k].a, int(k), field);
+      if (want.defined() != got[std::size_t(field)].defined() ||
+          (want.defined() && (got[std::size_t(field)].scalar_type() != at::kFloat || !torch::equal(want, got[std::size_t(field)])))) {
+        std::cerr << "message " << k << " field " << field << ": wrong value\n";
+        return 1;
+      }
+    }
+  }
+  std::printf("wire ok\n");
+  return 0;
+}
+
 int run(const std::string& name, const std::string& out, int kill_rank, int kill_step)
 {
   using namespace scenario;
@@ -83,6 +143,7 @@ int run(const std::string& name, const std::string& out, int kill_rank, int kill
     return train<P2<mpx::OneFOneB, 4>>(out, -1, -1);
   }
   if (name == "gpu") return train<PGpu>(out, -1, -1);
+  if (name == "wire") return wire();
   if (name == "kill") return train<P3<mpx::OneFOneB>>(out, kill_rank, kill_step, std::chrono::seconds(10));
   std::cerr << "unknown scenario " << name << "\n";
   return 2;

@@ -249,6 +249,14 @@ TEST_CASE("A killed rank ends the survivors with an error naming rank step actio
   }
 }
 
+TEST_CASE("Messages whose layout changes (shape, wire dtype, absent and empty fields) arrive intact", "[runtime][wire]")
+{
+  auto res = test::spawn(2, {MPX_RANK_EXE, "wire", "/tmp"}, std::chrono::seconds(60));
+  INFO(all_output(res));
+  for (auto& r : res) CHECK(r.code == 0);
+  CHECK(res[1].output.find("wire ok") != std::string::npos);
+}
+
 TEST_CASE("Rank 0 writes one Chrome trace of every rank and prints the measured bubble", "[runtime][trace]")
 {
   const std::string path = "/tmp/mpx-trace-" + std::to_string(::getpid()) + ".json";

@@ -45,7 +45,7 @@ struct WorldOptions
 {
   std::chrono::milliseconds timeout{60000};  ///< every wait: rendezvous, messages, collectives
   bool allow_cpu = false;  ///< run GPU<i> stages on CPU when there is no CUDA (the examples opt in)
-  bool keep_host_memory = true;  ///< mpx::keep_host_memory(): no page faults for every large CPU tensor (torch/host_memory.hpp)
+  bool keep_host_memory = true;  ///< mpx::keep_host_memory(): large CPU tensors from a cache, no page faults each step (torch/host_memory.hpp)
 };
 
 /// The groups of one run (see the file comment).
