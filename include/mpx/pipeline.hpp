@@ -150,10 +150,12 @@ struct Pipeline
   static_assert(detail::count_if<detail::is_microbatches_p, Args...> <= 1, "mpx::Pipeline<...>: give at most one mpx::Microbatches<M>");
   static_assert(detail::count_if<detail::is_batch_p, Args...> <= 1, "mpx::Pipeline<...>: give at most one mpx::Batch<B>");
 
-  using stages = typename detail::as_tuple<typename detail::stages_of<detail::type_list<>, Args...>::type>::type;
  private:
-  using stage_indexer = typename detail::indexer_of<typename detail::stages_of<detail::type_list<>, Args...>::type>::type;
+  using stage_list = typename detail::stages_of<detail::type_list<>, Args...>::type;
+  using stage_indexer = typename detail::indexer_of<stage_list>::type;
+
  public:
+  using stages = typename detail::as_tuple<stage_list>::type;
   template <int I>
   using stage = typename decltype(detail::select<std::size_t(I)>(std::declval<const stage_indexer&>()))::type;
   static constexpr int num_stages = static_cast<int>(std::tuple_size_v<stages>);

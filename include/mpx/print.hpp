@@ -73,7 +73,10 @@ void print_timeline(std::ostream& os, const AnyTable& t, int max_units = 120)
     return x + op_name(c.op) + std::to_string(c.mb);
   };
   std::size_t w = 2;
-  for (std::size_t i = 0; i < t.steps.size(); ++i) w = label(t.steps[i]).size() > w ? label(t.steps[i]).size() : w;
+  for (std::size_t i = 0; i < t.steps.size(); ++i) {
+    const std::size_t n = label(t.steps[i]).size();
+    if (n > w) w = n;
+  }
   const std::int64_t units = p.makespan < max_units ? p.makespan : std::int64_t(max_units);
   for (int r = 0; r < l.ranks; ++r) {
     std::vector<std::string> row(std::size_t(units), std::string(w, '.'));
