@@ -43,11 +43,15 @@ int main(int argc, char** argv)
   torch::optim::AdamW opt(stage->parameters(), torch::optim::AdamWOptions(1e-4));
   const int m = microbatches, peer = 1 - rank;
   std::vector<double> times;
+  const auto data = batches(steps + 2);
+  using clock = std::chrono::steady_clock;
+  auto ms = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
   for (int s = 0; s < steps + 2; ++s) {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto x = batch(s).chunk(m);
+    const auto t0 = clock::now();
+    auto x = data[std::size_t(s)].chunk(m);
     std::vector<at::Tensor> in(m), out(m), buf(m);
     std::vector<c10::intrusive_ptr<c10d::Work>> recvs(m), sends;
+    double compute = 0;  // forward and backward time after their receive arrived (MPX_BENCH_VERBOSE)
     for (int i = 0; i < m; ++i) {  // every receive posted ahead: activations on rank 1, gradients on rank 0
       buf[i] = torch::empty({rows_per_mb, dim});
       std::vector<at::Tensor> v{buf[i]};
@@ -55,21 +59,26 @@ int main(int argc, char** argv)
     }
     auto forward = [&](int i) {
       if (rank == 0) {
+        const auto c0 = clock::now();
         out[i] = stage->forward(x[i]);
+        compute += ms(c0, clock::now());
         std::vector<at::Tensor> v{out[i].detach().contiguous()};
         sends.push_back(pg->send(v, peer, 0));
       } else {
         recvs[i]->wait();
+        const auto c0 = clock::now();
         in[i] = buf[i].requires_grad_(true);
         out[i] = loss(stage->forward(in[i]), in[i]) / double(m);
+        compute += ms(c0, clock::now());
       }
     };
     auto backward = [&](int i) {
-      if (rank == 0) {
-        recvs[i]->wait();
-        out[i].backward(buf[i]);
-      } else {
-        out[i].backward();
+      if (rank == 0) recvs[i]->wait();
+      const auto c0 = clock::now();
+      if (rank == 0) out[i].backward(buf[i]);
+      else out[i].backward();
+      compute += ms(c0, clock::now());
+      if (rank == 1) {
         std::vector<at::Tensor> v{in[i].grad().contiguous()};
         sends.push_back(pg->send(v, peer, 1));
       }
@@ -83,9 +92,15 @@ int main(int argc, char** argv)
     }
     for (int i = m - warmup; i < m; ++i) backward(i);
     for (auto& w : sends) w->wait();
+    const auto t1 = clock::now();
     opt.step();
+    const auto t2 = clock::now();
     opt.zero_grad();
-    if (s >= 2) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const auto t3 = clock::now();
+    if (std::getenv("MPX_BENCH_VERBOSE"))
+      std::printf("rank %d step %d: %.1f ms = schedule %.1f (compute %.1f) + optimizer %.1f + rest\n", rank, s, ms(t0, t3), ms(t0, t1),
+                  compute, ms(t1, t2));
+    if (s >= 2) times.push_back(ms(t0, t3) / 1e3);
   }
   std::sort(times.begin(), times.end());
   auto mx = torch::full({1}, times[times.size() / 2], torch::kDouble);

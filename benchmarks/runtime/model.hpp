@@ -31,5 +31,13 @@ struct StackImpl : torch::nn::Module
 TORCH_MODULE(Stack);
 
 inline torch::Tensor batch(long step) { return torch::randn({rows_per_mb * microbatches, dim}, at::make_generator<at::CPUGeneratorImpl>(step)); }
+/// The batches of `steps` steps, drawn before the timed loop: every mode times the same work (the step),
+/// not the drawing of random numbers, which would sit on rank 0's critical path.
+inline std::vector<torch::Tensor> batches(int steps)
+{
+  std::vector<torch::Tensor> out;
+  for (int s = 0; s < steps; ++s) out.push_back(batch(s));
+  return out;
+}
 inline torch::Tensor loss(const torch::Tensor& y, const torch::Tensor&) { return y.pow(2).mean(); }
 }  // namespace bench

@@ -440,8 +440,8 @@ int train_pipeline(const Options& o)
     auto mbs = make_microbatches(*data.train, idx, tok, c);
     const auto st = trainer.step(mbs);
     if (std::getenv("MOONDREAM_PROFILE"))
-      std::cerr << fmt::format("rank {} step {}: {:.3f} s, compute {:.3f} s, schedule {:.3f} s, optimizer {:.3f} s\n", env.rank, step, st.seconds,
-                               st.compute_seconds, st.schedule_seconds, st.optimizer_seconds);
+      std::cerr << fmt::format("rank {} step {}: {:.3f} s, compute {:.3f} s, waits {:.3f} s, schedule {:.3f} s, optimizer {:.3f} s\n", env.rank,
+                               step, st.seconds, st.compute_seconds, st.wait_seconds, st.schedule_seconds, st.optimizer_seconds);
     if (lead) {
       const long samples = long(o.microbatches()) * o.microbatch_size * world.replicas;
       prog.record(step, total, st.loss, st.lr, st.grad_norm, st.seconds, samples, count_tokens(mbs, c) * world.replicas, st.skipped,

@@ -4,10 +4,12 @@
 //   mpx.tests.runtime_rank <scenario> <out-dir> [kill-rank kill-step]
 #include "scenarios.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <iostream>
+#include <optional>
 
 namespace
 {
@@ -58,7 +60,10 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
 
 /// The wire protocol alone (wire.hpp), rank 0 sending to rank 1 on one channel: a sequence of messages
 /// whose layout repeats, changes shape, changes wire dtype, drops a field, carries an empty tensor and
-/// comes back, received two ahead through a Receiver. Rank 1 checks every value and prints "wire ok".
+/// comes back. Sent twice: as header + payloads, received two ahead through a Receiver; then packed
+/// (ChannelSize at both ends, the messages grouped into steps, each step's receives posted at its start),
+/// where a payload that fits the room of earlier steps must travel in the header's message and a larger
+/// one separately. Rank 1 checks every value and which messages were packed, and prints "wire ok".
 int wire()
 {
   const auto env = mpx::read_env();
@@ -78,41 +83,84 @@ int wire()
       {{6, 3}, {5}, at::kBFloat16},
       {{0, 3}, {5}, at::kBFloat16},  // a empty: header only
       {{6, 3}, {5}, at::kBFloat16},
+      {{20, 3}, {5}, at::kFloat},    // larger than any before
+      {{4, 3}, {5}, at::kFloat},
   };
+  const std::vector<std::size_t> step_starts = {0, 2, 4, 8, 9};  // packed run: messages [start, next start) form a step
   auto value = [](const std::vector<std::int64_t>& shape, int k, int field) {  // integers: exact in bf16
     if (shape.empty()) return at::Tensor();
     return (torch::arange(c10::multiply_integers(shape), torch::kFloat) + 10 * k + 100 * field).reshape(shape);
   };
+  auto payload_bytes = [](const Msg& m) {  // as packed: each field at an aligned offset
+    std::int64_t n = 0;
+    for (const auto* shape : {&m.a, &m.b})
+      if (!shape->empty()) n += mpx::detail::aligned(c10::multiply_integers(*shape) * std::int64_t(c10::elementSize(m.wire)));
+    return n;
+  };
   const auto timeout = std::chrono::milliseconds(20000);
-  if (env.rank == 0) {
-    std::vector<mpx::PendingSend> sends;
-    for (std::size_t k = 0; k < msgs.size(); ++k)
-      sends.push_back(mpx::send_tensors(world.pp, 1, 0, 1, int(k), false, {value(msgs[k].a, int(k), 0), value(msgs[k].b, int(k), 1)},
-                                        msgs[k].wire, "message " + std::to_string(k)));
-    for (auto& s : sends)
-      for (auto& w : s.works) w->wait(timeout);
-    return 0;
-  }
-  mpx::Receiver receiver(world.pp, timeout);
-  std::vector<std::unique_ptr<mpx::PendingRecv>> recvs;
-  for (std::size_t k = 0; k < msgs.size(); ++k) {  // posted two ahead, as a schedule does
-    recvs.push_back(std::make_unique<mpx::PendingRecv>());
-    mpx::post_recv(*recvs.back(), world.pp, 0, 0, mpx::Expect{1, int(k), false, {"a", "b"}, "Pair"}, "message " + std::to_string(k));
-    receiver.add(recvs.back().get());
-  }
-  for (std::size_t k = 0; k < msgs.size(); ++k) {
-    receiver.await(*recvs[k]);
-    auto got = mpx::finish_recv(world.pp, *recvs[k], timeout);
-    for (int field = 0; field < 2; ++field) {
-      const auto want = value(field ? msgs[k].b : msgs[k].a, int(k), field);
-      if (want.defined() != got[std::size_t(field)].defined() ||
-          (want.defined() && (got[std::size_t(field)].scalar_type() != at::kFloat || !torch::equal(want, got[std::size_t(field)])))) {
-        std::cerr << "message " << k << " field " << field << ": wrong value\n";
+  const int tag_channel[2] = {0, 2};  // the unpacked run on channel 0, the packed one on channel 2
+  for (int packing = 0; packing < 2; ++packing) {
+    mpx::ChannelSize size;
+    mpx::ChannelSize* sz = packing ? &size : nullptr;
+    std::size_t next_step = 0;  // index into step_starts
+    auto at_step_start = [&](std::size_t k) {
+      if (!packing || next_step >= step_starts.size() || step_starts[next_step] != k) return false;
+      ++next_step;
+      size.next_step();
+      return true;
+    };
+    if (env.rank == 0) {
+      std::vector<mpx::PendingSend> sends;
+      for (std::size_t k = 0; k < msgs.size(); ++k) {
+        at_step_start(k);
+        sends.push_back(mpx::send_tensors(world.pp, 1, tag_channel[packing], 1, int(k), false,
+                                          {value(msgs[k].a, int(k), 0), value(msgs[k].b, int(k), 1)}, msgs[k].wire,
+                                          "message " + std::to_string(k), torch::kCPU, sz));
+      }
+      for (auto& s : sends)
+        for (auto& w : s.works) w->wait(timeout);
+      continue;
+    }
+    std::optional<mpx::Receiver> receiver;
+    if (!packing) receiver.emplace(world.pp, timeout);
+    std::vector<std::unique_ptr<mpx::PendingRecv>> recvs(msgs.size());
+    auto post = [&](std::size_t k) {
+      recvs[k] = std::make_unique<mpx::PendingRecv>();
+      mpx::post_recv(*recvs[k], world.pp, 0, tag_channel[packing], mpx::Expect{1, int(k), false, {"a", "b"}, "Pair"},
+                     "message " + std::to_string(k), torch::kCPU, sz);
+      if (receiver) receiver->add(recvs[k].get());
+    };
+    if (!packing)
+      for (std::size_t k = 0; k < msgs.size(); ++k) post(k);  // all ahead
+    std::int64_t largest_before = 0, largest = 0;  // the largest payload of earlier steps, and so far
+    for (std::size_t k = 0; k < msgs.size(); ++k) {
+      if (at_step_start(k)) {  // a step posts all its receives at its start, as a schedule's step does
+        largest_before = largest;
+        const std::size_t end = next_step < step_starts.size() ? step_starts[next_step] : msgs.size();
+        for (std::size_t j = k; j < end; ++j) post(j);
+      }
+      if (receiver) receiver->await(*recvs[k]);
+      auto got = mpx::finish_recv(world.pp, *recvs[k], timeout);
+      const bool packed = recvs[k]->works.empty() && payload_bytes(msgs[k]) > 0;  // no payload receive was posted
+      const bool want_packed = packing && payload_bytes(msgs[k]) <= largest_before && payload_bytes(msgs[k]) > 0;
+      largest = std::max(largest, payload_bytes(msgs[k]));
+      if (packed != want_packed) {
+        std::cerr << (packing ? "packed run" : "unpacked run") << ", message " << k << ": " << (packed ? "packed" : "not packed")
+                  << ", expected the opposite\n";
         return 1;
       }
+      for (int field = 0; field < 2; ++field) {
+        const auto want = value(field ? msgs[k].b : msgs[k].a, int(k), field);
+        if (want.defined() != got[std::size_t(field)].defined() ||
+            (want.defined() && (got[std::size_t(field)].scalar_type() != at::kFloat || !torch::equal(want, got[std::size_t(field)])))) {
+          std::cerr << (packing ? "packed run" : "unpacked run") << ", message " << k << " field " << field << ": wrong value\n";
+          return 1;
+        }
+      }
+      if (packed) std::printf("message %zu packed\n", k);
     }
   }
-  std::printf("wire ok\n");
+  if (env.rank == 1) std::printf("wire ok\n");
   return 0;
 }
 

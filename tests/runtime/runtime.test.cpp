@@ -267,13 +267,24 @@ TEST_CASE("Rank 0 writes one Chrome trace of every rank and prints the measured 
   CHECK(res[0].output.find("expected 20% (1F1B, p = 2, m = 4)") != std::string::npos);
   std::ifstream f(path);
   const auto j = nlohmann::json::parse(f);
-  int computes[2] = {0, 0};
+  int computes[2] = {0, 0}, waits[2] = {0, 0};
+  const nlohmann::json* wait = nullptr;  // the last wait event: its action's work follows it at once
   for (auto& e : j["traceEvents"]) {
     if (e["ph"] != "X") continue;
     CHECK(e["dur"].get<long>() >= 0);
-    if (e["cat"] == "compute") ++computes[e["tid"].get<int>()];
+    const int rank = e["tid"].get<int>();
+    if (wait) {
+      CHECK((*wait)["name"] == "wait " + e["name"].get<std::string>());
+      CHECK((*wait)["ts"].get<long>() + (*wait)["dur"].get<long>() == e["ts"].get<long>());
+      CHECK(e["cat"] == "compute");
+      wait = nullptr;
+    }
+    if (e["cat"] == "compute") ++computes[rank];
+    if (e["cat"] == "wait") ++waits[rank], wait = &e;
   }
   CHECK(computes[0] == 8);  // F and B of 4 micro-batches
   CHECK(computes[1] == 8);
+  CHECK(waits[0] <= 4);  // rank 0 waits only in its backwards (for gradients), rank 1 only in its forwards
+  CHECK(waits[1] <= 4);
   std::remove(path.c_str());
 }

@@ -105,7 +105,8 @@ struct StepStats
   double grad_norm = 0;       ///< global gradient norm before clipping
   double lr = 0;
   double seconds = 0;         ///< wall time of the step on this rank
-  double compute_seconds = 0; ///< time in forward/backward on this rank
+  double compute_seconds = 0; ///< time in forward/backward on this rank, less their waits for received data
+  double wait_seconds = 0;    ///< time forward/backward waited for their received activations or gradients
   double schedule_seconds = 0;  ///< time walking the schedule's actions (the rest: reductions, optimizer)
   bool skipped = false;         ///< an inf/NaN gradient on some rank: no rank stepped its optimizer
   double loss_scale = 1;        ///< the loss scale used by this step
@@ -224,14 +225,17 @@ class Trainer
       }
     const std::vector<Batch>& microbatches = w_.device.is_cpu() ? host_microbatches : on_device;
     const auto t0 = clock::now();
-    double compute = 0;
+    double compute = 0, waited = 0;
     at::Tensor loss_sum;  // summed on the device, read once (no host sync per micro-batch)
     std::vector<PendingSend> sends;
     std::vector<int> backward_left(N, M);
     events_.clear();
+    for (auto* sizes : {&sent_, &received_})  // a step's messages pack into the room its channels had before it
+      for (auto& [key, size] : *sizes) size.next_step();
     for (std::size_t k = 0; k < actions_.size(); ++k) {
       const Action a = actions_[k];
       const auto a0 = clock::now();
+      wait_ = {};
       try {
         run(a, microbatches, sends, backward_left, loss_sum);
       } catch (const config_error&) {
@@ -240,8 +244,8 @@ class Trainer
         throw peer_error(context(a, k) + ": " + e.what());
       }
       const auto a1 = clock::now();
-      if (is_compute(a.op)) compute += seconds(a1 - a0);
-      if (o_.trace) events_.push_back({a, us(a0 - t0), us(a1 - a0)});
+      if (is_compute(a.op)) compute += seconds(a1 - a0 - wait_), waited += seconds(wait_);
+      if (o_.trace) events_.push_back({a, us(a0 - t0), us(a1 - a0), us(wait_)});
     }
     for (auto& s : sends)
       for (auto& wk : s.works) {
@@ -298,6 +302,7 @@ class Trainer
           if (p.grad().defined()) p.mutable_grad().zero_();
     st.seconds = seconds(clock::now() - t0);
     st.compute_seconds = compute;
+    st.wait_seconds = waited;
     last_ = st;
     ++step_;
     return st;
@@ -404,7 +409,7 @@ class Trainer
   long skipped_steps() const { return o_.scaler.skipped(); }
   double loss_scale() const { return o_.scaler.scale(); }
   double expected_bubble() const { return expected_bubble_; }
-  /// Measured idle fraction of the last step on this rank: 1 - compute / wall.
+  /// Measured idle fraction of the last step on this rank: 1 - compute / wall (waits for data are idle).
   double measured_bubble() const { return last_.seconds > 0 ? 1.0 - last_.compute_seconds / last_.seconds : 0.0; }
 
   /// Writes the last step's actions of every rank as one Chrome trace (open in Perfetto) and, on rank 0,
@@ -417,9 +422,12 @@ class Trainer
     nlohmann::json mine = nlohmann::json::array();
     for (auto& e : events_) {
       std::string name = std::string(op_name(e.a.op)) + std::to_string(e.a.mb);
-      mine.push_back({{"name", name}, {"cat", is_compute(e.a.op) ? "compute" : "comm"}, {"ph", "X"}, {"ts", e.ts},
-                      {"dur", e.dur}, {"pid", w_.replica}, {"tid", w_.env.rank},
-                      {"args", {{"stage", e.a.stage}, {"mb", e.a.mb}}}});
+      auto event = [&](std::string n, const char* cat, long ts, long dur) {
+        mine.push_back({{"name", std::move(n)}, {"cat", cat}, {"ph", "X"}, {"ts", ts}, {"dur", dur}, {"pid", w_.replica},
+                        {"tid", w_.env.rank}, {"args", {{"stage", e.a.stage}, {"mb", e.a.mb}}}});
+      };
+      if (e.wait > 0) event("wait " + name, "wait", e.ts, e.wait);  // the action's wait for its data, then its work
+      event(name, is_compute(e.a.op) ? "compute" : "comm", e.ts + e.wait, e.dur - e.wait);
     }
     const std::string key = "mpx/trace/" + std::to_string(step_) + "/" + std::to_string(w_.env.rank);
     const std::string text = nlohmann::json{{"events", mine}, {"bubble", measured_bubble()}}.dump();
@@ -449,7 +457,7 @@ class Trainer
   static double seconds(clock::duration d) { return std::chrono::duration<double>(d).count(); }
   static long us(clock::duration d) { return long(std::chrono::duration_cast<std::chrono::microseconds>(d).count()); }
 
-  struct Event { Action a; long ts, dur; };
+  struct Event { Action a; long ts, dur, wait; };
   /// What one (stage, micro-batch) holds between its forward and its backward.
   struct MicroState
   {
@@ -577,6 +585,15 @@ class Trainer
            (peer.empty() ? std::string() : ", peer rank " + peer);
   }
 
+  /// Over Gloo a boundary value travels packed in one message, received straight by the action that needs
+  /// it; over NCCL (receives of exactly the message's size) as header + payloads, the `Receiver` thread
+  /// posting each payload receive the moment its header arrives.
+  bool packing() const { return w_.comm_device.is_cpu(); }
+  ChannelSize* channel_size(std::map<std::pair<int, int>, ChannelSize>& sizes, int peer, int channel)
+  {
+    return packing() ? &sizes[{peer, channel}] : nullptr;
+  }
+
   void run(Action a, const std::vector<Batch>& mbs, std::vector<PendingSend>& sends, std::vector<int>& backward_left,
            at::Tensor& loss_sum)
   {
@@ -588,23 +605,27 @@ class Trainer
         st.recv_f = std::make_unique<PendingRecv>();
         post_recv(*st.recv_f, w_.pp, rank_of_stage(s - 1), 2 * (s - 1),
                   Expect{s, mb, false, names_[std::size_t(s)], boundaries_[std::size_t(s)]},
-                  tag + " from slot " + std::to_string(rank_of_stage(s - 1)), w_.comm_device);
-        receiver_->add(&*st.recv_f);
+                  tag + " from slot " + std::to_string(rank_of_stage(s - 1)), w_.comm_device,
+                  channel_size(received_, rank_of_stage(s - 1), 2 * (s - 1)));
+        if (!packing()) receiver_->add(&*st.recv_f);
         break;
       case Op::RecvB:
         st.recv_b = std::make_unique<PendingRecv>();
         post_recv(*st.recv_b, w_.pp, rank_of_stage(s + 1), 2 * s + 1,
                   Expect{s + 1, mb, true, names_[std::size_t(s + 1)], "gradients of " + boundaries_[std::size_t(s + 1)]},
-                  tag + " from slot " + std::to_string(rank_of_stage(s + 1)), w_.comm_device);
-        receiver_->add(&*st.recv_b);
+                  tag + " from slot " + std::to_string(rank_of_stage(s + 1)), w_.comm_device,
+                  channel_size(received_, rank_of_stage(s + 1), 2 * s + 1));
+        if (!packing()) receiver_->add(&*st.recv_b);
         break;
       case Op::F: {
         if (s == 0) {
           st.inputs = detail::flatten(input_(mbs[std::size_t(mb)]));
           for (auto& x : st.inputs) x = x.to(w_.device);
         } else {
-          receiver_->await(*st.recv_f);
+          const auto w0 = clock::now();
+          if (!packing()) receiver_->await(*st.recv_f);
           st.inputs = finish_recv(w_.pp, *st.recv_f, w_.timeout);
+          wait_ += clock::now() - w0;
           st.recv_f.reset();
           for (auto& x : st.inputs)
             if (x.defined()) {
@@ -628,7 +649,8 @@ class Trainer
       }
       case Op::SendF:
         sends.push_back(send_tensors(w_.pp, rank_of_stage(s + 1), 2 * s, s + 1, mb, false, st.outputs, wire_dtype(s),
-                                     tag + " to slot " + std::to_string(rank_of_stage(s + 1)), w_.comm_device));
+                                     tag + " to slot " + std::to_string(rank_of_stage(s + 1)), w_.comm_device,
+                                     channel_size(sent_, rank_of_stage(s + 1), 2 * s)));
         break;
       case Op::B:
       case Op::I: {
@@ -637,8 +659,10 @@ class Trainer
           outs = {st.loss};
           grads = {torch::full_like(st.loss, o_.scaler.scale())};  // d(scale * loss)
         } else {
-          receiver_->await(*st.recv_b);
+          const auto w0 = clock::now();
+          if (!packing()) receiver_->await(*st.recv_b);
           auto g = finish_recv(w_.pp, *st.recv_b, w_.timeout, st.outputs);
+          wait_ += clock::now() - w0;
           st.recv_b.reset();
           for (std::size_t i = 0; i < st.outputs.size() && i < g.size(); ++i)
             if (g[i].defined() && st.outputs[i].requires_grad()) {
@@ -691,7 +715,8 @@ class Trainer
       }
       case Op::SendB:
         sends.push_back(send_tensors(w_.pp, rank_of_stage(s - 1), 2 * (s - 1) + 1, s, mb, true, st.input_grads, wire_dtype(s - 1),
-                                     tag + " to slot " + std::to_string(rank_of_stage(s - 1)), w_.comm_device));
+                                     tag + " to slot " + std::to_string(rank_of_stage(s - 1)), w_.comm_device,
+                                     channel_size(sent_, rank_of_stage(s - 1), 2 * (s - 1) + 1)));
         st.inputs.clear();
         st.input_grads.clear();
         break;
@@ -840,8 +865,10 @@ class Trainer
   std::vector<std::string> boundaries_;           // and its type's name
   std::vector<Action> actions_;
   std::vector<MicroState> state_;
-  std::unique_ptr<Receiver> receiver_ = std::make_unique<Receiver>(w_.pp, w_.timeout);  // after state_: stops first
+  std::unique_ptr<Receiver> receiver_ = packing() ? nullptr : std::make_unique<Receiver>(w_.pp, w_.timeout);  // after state_: stops first
   std::vector<Event> events_;
+  std::map<std::pair<int, int>, ChannelSize> sent_, received_;  // per (peer slot, channel): the room for packed payloads
+  clock::duration wait_{};  // the running action's wait for received data (run() adds, step() reads)
   bool split_ = false;  // this rank's schedule splits backward into I and W (ZB-H1)
   double expected_bubble_ = 0;
   long step_ = 0;

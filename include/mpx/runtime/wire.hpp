@@ -3,11 +3,15 @@
 /// @file runtime/wire.hpp
 /// What crosses a stage boundary, and how. A boundary value (a tensor, or a Hana struct of tensors) is sent
 /// as one fixed-size header — stage, micro-batch, and per field its dtype, whether it carries a gradient,
-/// and its shape — then one message per tensor. Headers and payloads travel on separate tags of the
-/// channel, so receives posted ahead never meet the wrong message (Gloo matches by source and tag, first
-/// in first out, and a receive buffer smaller than the message kills the process). A header that breaks
-/// the declared boundary (field count, stage, micro-batch, or a gradient whose shape is not its
-/// activation's) is an error naming stage, field and both shapes — never truncation or a hang.
+/// and its shape — then its tensors. Over Gloo the tensors usually travel in the header's message (packed,
+/// one message per boundary value): the receiver posts a buffer with room for the channel's largest
+/// payload of earlier steps, and a value that fits is sent whole into it. A larger one (the first step, a
+/// grown shape) sends its header alone, then one message per tensor on the channel's payload tag, whose
+/// receives are posted when the header arrives. Receives posted ahead never meet the wrong message (Gloo
+/// matches by source and tag, first in first out; a larger buffer than the message is filled in part, a
+/// smaller one kills the process, which is why both ends derive the room from the same earlier messages).
+/// A header that breaks the declared boundary (field count, stage, micro-batch, or a gradient whose shape
+/// is not its activation's) is an error naming stage, field and both shapes — never truncation or a hang.
 
 #include <mpx/boundary.hpp>        // mpx::detail::is_hana_struct
 #include <mpx/runtime/errors.hpp>  // mpx::peer_error
@@ -19,8 +23,10 @@
 #include <torch/torch.h>             // torch::empty
 
 #include <atomic>              // std::atomic
+#include <algorithm>           // std::max
 #include <chrono>              // std::chrono::milliseconds
 #include <condition_variable>  // std::condition_variable
+#include <cstring>             // std::memcpy
 #include <deque>               // std::deque
 #include <exception>           // std::exception_ptr
 #include <mutex>               // std::mutex
@@ -36,10 +42,13 @@ namespace detail
 {
 inline constexpr int max_fields = 16;
 inline constexpr int max_dims = 8;
-inline constexpr int header_fixed = 5;   // magic, stage, mb, fields, kind (0 activation, 1 gradient)
+inline constexpr int header_fixed = 6;  // magic, stage, mb, fields, kind (0 activation, 1 gradient), packed bytes (-1: payloads follow)
 inline constexpr int header_per_field = 4 + max_dims;  // dtype (-1: absent), wire dtype, requires_grad, ndim, dims
 inline constexpr int header_size = header_fixed + max_fields * header_per_field;
-inline constexpr std::int64_t header_magic = 0x6d70780001;  // "mpx" v1
+inline constexpr std::int64_t header_magic = 0x6d70780002;  // "mpx" v2
+inline constexpr std::int64_t align = 64;  // packed tensors start at multiples of this many bytes
+inline constexpr std::int64_t aligned(std::int64_t n) { return (n + align - 1) / align * align; }
+inline constexpr std::int64_t header_bytes = aligned(header_size * std::int64_t(sizeof(std::int64_t)));  // where a packed payload starts
 
 /// Tags: two per channel (header, payload); channel 2*b+d carries direction d across boundary b.
 inline int header_tag(int channel) { return 2 * channel; }
@@ -96,6 +105,17 @@ inline std::string shape_text(at::IntArrayRef s)
 }
 }  // namespace detail
 
+/// One end's record of a directed channel's message sizes, for packing (Gloo only: NCCL needs a receive of
+/// exactly the message's size). A receive has room for `room` payload bytes after the header, the largest
+/// payload of the channel's earlier steps. Both ends know it without talking: a step's receives are all
+/// posted, and its messages all sent, within the step, so `next_step()` at each step's start keeps them equal.
+struct ChannelSize
+{
+  std::int64_t room = 0;     ///< payload bytes the receives of this step have room for
+  std::int64_t largest = 0;  ///< the largest payload so far: the next step's room
+  void next_step() { room = largest; }
+};
+
 /// The sending side of one message: keeps its buffers alive until every send has completed.
 struct PendingSend
 {
@@ -105,12 +125,13 @@ struct PendingSend
 };
 
 /// Sends a list of tensors (a boundary value or its gradients) as header + payloads. `stage` is the stage
-/// whose input the message is (the consumer for activations, the producer for gradients). `present[i] == false`
-/// marks a field without a gradient: header only. `wire` (kFloat when none) is the dtype floating tensors
-/// travel in (WireCompression).
+/// whose input the message is (the consumer for activations, the producer for gradients). An undefined
+/// tensor marks a field without a gradient: header only. `wire` (kFloat when none) is the dtype floating
+/// tensors travel in (WireCompression). With `size` (the channel's record at this end; CPU tensors only),
+/// a payload that fits the receiver's room travels packed in the header's message.
 inline PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int stage, int mb, bool gradient,
                                 const std::vector<at::Tensor>& ts, at::ScalarType wire, std::string what,
-                                torch::Device comm = torch::kCPU)
+                                torch::Device comm = torch::kCPU, ChannelSize* size = nullptr)
 {
   using namespace detail;
   if (ts.size() > std::size_t(max_fields))
@@ -146,6 +167,25 @@ inline PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int s
     for (int d = 0; d < t.dim(); ++d) f[4 + d] = t.size(d);
     payload.push_back(x);
   }
+  std::int64_t bytes = 0;  // the payload packed: each tensor at an aligned offset
+  for (auto& x : payload) bytes += aligned(std::int64_t(x.nbytes()));
+  const bool packed = size != nullptr && comm.type() == torch::kCPU && bytes <= size->room;
+  if (size) size->largest = std::max(size->largest, bytes);
+  hp[5] = packed ? bytes : -1;
+  if (packed) {
+    auto msg = torch::empty({header_bytes + bytes}, torch::kByte);
+    auto* out = msg.data_ptr<std::uint8_t>();
+    std::memcpy(out, hp, header_size * sizeof(std::int64_t));
+    std::int64_t off = header_bytes;
+    for (auto& x : payload) {
+      if (x.nbytes() > 0) std::memcpy(out + off, x.data_ptr(), x.nbytes());
+      off += aligned(std::int64_t(x.nbytes()));
+    }
+    std::vector<at::Tensor> mv{msg};
+    p.works.push_back(pg->send(mv, dst, header_tag(channel)));
+    p.keep.push_back(msg);
+    return p;
+  }
   if (comm.type() != torch::kCPU) h = h.to(comm);  // NCCL sends device tensors only
   std::vector<at::Tensor> hv{h};
   p.works.push_back(pg->send(hv, dst, header_tag(channel)));
@@ -169,13 +209,14 @@ struct Expect
   std::string boundary;            ///< the boundary type's name
 };
 
-/// The receiving side of one message. The header receive is posted at once; a `Receiver` thread posts the
-/// payload receives as soon as the header is there, so payloads flow while the rank computes;
-/// `finish_recv` waits for whatever is missing.
+/// The receiving side of one message. The header receive (with room for a packed payload) is posted at
+/// once; payloads that follow separately are posted as soon as the header is there — by a `Receiver`
+/// thread, so that they flow while the rank computes, or by `finish_recv`, which waits for whatever is
+/// missing.
 struct PendingRecv
 {
   c10::intrusive_ptr<c10d::Work> header_work;
-  at::Tensor header;
+  at::Tensor header;  ///< int64 header, or bytes: header, then room for a packed payload
   int src = -1;
   int channel = 0;
   Expect expect;
@@ -186,14 +227,19 @@ struct PendingRecv
   std::vector<bool> grad;
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   torch::Device comm{torch::kCPU};  ///< where the buffers live (the NCCL device, or CPU for Gloo)
+  ChannelSize* size = nullptr;      ///< the channel's record at this end, when packing
 };
 
-/// Posts the header receive of a message into `r`.
+/// Posts the header receive of a message into `r`. With `size` (the channel's record at this end; CPU
+/// only), the receive has room for the channel's largest payload of earlier steps, packed after the header.
 inline void post_recv(PendingRecv& r, ProcessGroupPtr& pg, int src, int channel, Expect e, std::string what,
-                      torch::Device comm = torch::kCPU)
+                      torch::Device comm = torch::kCPU, ChannelSize* size = nullptr)
 {
   r.comm = comm;
-  r.header = torch::zeros({detail::header_size}, torch::TensorOptions().dtype(torch::kLong).device(comm));
+  r.size = comm.type() == torch::kCPU ? size : nullptr;
+  r.header = size != nullptr && comm.type() == torch::kCPU
+                 ? torch::empty({detail::header_bytes + size->room}, torch::kByte)
+                 : torch::zeros({detail::header_size}, torch::TensorOptions().dtype(torch::kLong).device(comm));
   std::vector<at::Tensor> v{r.header};
   r.src = src;
   r.channel = channel;
@@ -210,7 +256,7 @@ inline void post_payloads(ProcessGroupPtr& pg, PendingRecv& r)
   const Expect& e = r.expect;
   auto fail = [&](const std::string& msg) { throw peer_error("mpx: " + r.what + ": " + msg); };
   const at::Tensor host = r.header.cpu();
-  const auto* hp = host.data_ptr<std::int64_t>();
+  const auto* hp = reinterpret_cast<const std::int64_t*>(host.data_ptr());  // int64, or bytes starting with the int64 header
   if (hp[0] != header_magic) fail("the message is not an mpx boundary header (peer runs another protocol version?)");
   if (hp[1] != e.stage || hp[2] != e.mb || hp[4] != (e.gradient ? 1 : 0))
     fail("received " + std::string(hp[4] ? "gradients" : "activations") + " of stage " + std::to_string(hp[1]) +
@@ -220,6 +266,12 @@ inline void post_payloads(ProcessGroupPtr& pg, PendingRecv& r)
   if (n != e.names.size())
     fail("the boundary " + e.boundary + " of stage " + std::to_string(e.stage) + " has " + std::to_string(e.names.size()) +
          " fields but the message has " + std::to_string(n));
+  const std::int64_t packed = hp[5];
+  std::int64_t payload = 0;  // the payload's packed size, as the sender counted it
+  if (packed > 0 && header_bytes + packed > r.header.numel())
+    fail("the message packs " + std::to_string(packed) + " payload bytes, the receive had room for " +
+         std::to_string(r.header.numel() - header_bytes) + " (the two ends disagree on the channel's size)");
+  std::int64_t off = header_bytes;
   r.out.assign(n, at::Tensor());
   r.buf.assign(n, at::Tensor());
   r.grad.assign(n, false);
@@ -230,10 +282,26 @@ inline void post_payloads(ProcessGroupPtr& pg, PendingRecv& r)
     std::vector<std::int64_t> shape(f + 4, f + 4 + f[3]);
     for (auto d : shape)
       if (d < 0) fail("field '" + e.names[i] + "' has a negative extent in " + shape_text(shape));
-    r.out[i] = torch::empty(shape, torch::TensorOptions().dtype(static_cast<at::ScalarType>(f[0])).device(r.comm));
-    r.buf[i] = f[1] == f[0] ? r.out[i]
-                            : torch::empty(shape, torch::TensorOptions().dtype(static_cast<at::ScalarType>(f[1])).device(r.comm));
+    const auto dtype = static_cast<at::ScalarType>(f[0]), wire = static_cast<at::ScalarType>(f[1]);
+    std::int64_t bytes = c10::elementSize(wire);
+    for (auto d : shape) bytes *= d;
+    payload += aligned(bytes);
+    if (packed >= 0) {  // a view of the message: it lives as long as the tensor does
+      if (off + bytes > header_bytes + packed) fail("field '" + e.names[i] + "' of " + shape_text(shape) + " overruns the packed payload");
+      auto* data = static_cast<std::uint8_t*>(r.header.data_ptr()) + off;
+      r.buf[i] = torch::from_blob(data, shape, [keep = r.header](void*) {}, torch::TensorOptions().dtype(wire));
+      r.out[i] = dtype == wire ? r.buf[i] : torch::empty(shape, torch::TensorOptions().dtype(dtype));
+      off += aligned(bytes);
+    } else {
+      r.out[i] = torch::empty(shape, torch::TensorOptions().dtype(dtype).device(r.comm));
+      r.buf[i] = wire == dtype ? r.out[i] : torch::empty(shape, torch::TensorOptions().dtype(wire).device(r.comm));
+    }
     r.grad[i] = f[2] != 0;
+  }
+  if (r.size) r.size->largest = std::max(r.size->largest, payload);
+  if (packed >= 0) {  // everything arrived in the header's message
+    r.payload_posted.store(true, std::memory_order_release);
+    return;
   }
   for (std::size_t i = 0; i < n; ++i) {  // payloads in field order, all posted before any is waited on
     if (!r.buf[i].defined() || r.buf[i].numel() == 0) continue;
