@@ -109,6 +109,7 @@ inline std::string shape_text(at::IntArrayRef s)
 /// exactly the message's size). A receive has room for `room` payload bytes after the header, the largest
 /// payload of the channel's earlier steps. Both ends know it without talking: a step's receives are all
 /// posted, and its messages all sent, within the step, so `next_step()` at each step's start keeps them equal.
+/// One thread uses it: receive packed messages without a `Receiver` (`finish_recv` parses them).
 struct ChannelSize
 {
   std::int64_t room = 0;     ///< payload bytes the receives of this step have room for
@@ -268,9 +269,10 @@ inline void post_payloads(ProcessGroupPtr& pg, PendingRecv& r)
          " fields but the message has " + std::to_string(n));
   const std::int64_t packed = hp[5];
   std::int64_t payload = 0;  // the payload's packed size, as the sender counted it
-  if (packed > 0 && header_bytes + packed > r.header.numel())
+  const auto room = std::int64_t(r.header.nbytes()) - header_bytes;  // negative for an exact (unpacked) header receive
+  if (packed > 0 && packed > room)
     fail("the message packs " + std::to_string(packed) + " payload bytes, the receive had room for " +
-         std::to_string(r.header.numel() - header_bytes) + " (the two ends disagree on the channel's size)");
+         std::to_string(std::max<std::int64_t>(room, 0)) + " (the two ends disagree on the channel's size)");
   std::int64_t off = header_bytes;
   r.out.assign(n, at::Tensor());
   r.buf.assign(n, at::Tensor());
