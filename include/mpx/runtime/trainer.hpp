@@ -593,6 +593,25 @@ class Trainer
   {
     return packing() ? &sizes[{peer, channel}] : nullptr;
   }
+  /// Posts the receive of one boundary value from slot `src`.
+  std::unique_ptr<PendingRecv> post(int src, int channel, Expect e, std::string what)
+  {
+    auto r = std::make_unique<PendingRecv>();
+    post_recv(*r, w_.pp, src, channel, std::move(e), std::move(what), w_.comm_device, channel_size(received_, src, channel));
+    if (!packing()) receiver_->add(r.get());
+    return r;
+  }
+  /// Waits for a posted receive and returns its tensors (gradients: checked against the activations
+  /// `like`); the wait counts as this action's idle time.
+  std::vector<at::Tensor> take(std::unique_ptr<PendingRecv>& r, const std::vector<at::Tensor>& like = {})
+  {
+    const auto w0 = clock::now();
+    if (!packing()) receiver_->await(*r);
+    auto out = finish_recv(w_.pp, *r, w_.timeout, like);
+    r.reset();
+    wait_ += clock::now() - w0;
+    return out;
+  }
 
   void run(Action a, const std::vector<Batch>& mbs, std::vector<PendingSend>& sends, std::vector<int>& backward_left,
            at::Tensor& loss_sum)
@@ -602,31 +621,20 @@ class Trainer
     const std::string tag = op_name(a.op) + std::to_string(mb) + " of stage " + std::to_string(s);
     switch (a.op) {
       case Op::RecvF:
-        st.recv_f = std::make_unique<PendingRecv>();
-        post_recv(*st.recv_f, w_.pp, rank_of_stage(s - 1), 2 * (s - 1),
-                  Expect{s, mb, false, names_[std::size_t(s)], boundaries_[std::size_t(s)]},
-                  tag + " from slot " + std::to_string(rank_of_stage(s - 1)), w_.comm_device,
-                  channel_size(received_, rank_of_stage(s - 1), 2 * (s - 1)));
-        if (!packing()) receiver_->add(&*st.recv_f);
+        st.recv_f = post(rank_of_stage(s - 1), 2 * (s - 1), Expect{s, mb, false, names_[std::size_t(s)], boundaries_[std::size_t(s)]},
+                         tag + " from slot " + std::to_string(rank_of_stage(s - 1)));
         break;
       case Op::RecvB:
-        st.recv_b = std::make_unique<PendingRecv>();
-        post_recv(*st.recv_b, w_.pp, rank_of_stage(s + 1), 2 * s + 1,
-                  Expect{s + 1, mb, true, names_[std::size_t(s + 1)], "gradients of " + boundaries_[std::size_t(s + 1)]},
-                  tag + " from slot " + std::to_string(rank_of_stage(s + 1)), w_.comm_device,
-                  channel_size(received_, rank_of_stage(s + 1), 2 * s + 1));
-        if (!packing()) receiver_->add(&*st.recv_b);
+        st.recv_b = post(rank_of_stage(s + 1), 2 * s + 1,
+                         Expect{s + 1, mb, true, names_[std::size_t(s + 1)], "gradients of " + boundaries_[std::size_t(s + 1)]},
+                         tag + " from slot " + std::to_string(rank_of_stage(s + 1)));
         break;
       case Op::F: {
         if (s == 0) {
           st.inputs = detail::flatten(input_(mbs[std::size_t(mb)]));
           for (auto& x : st.inputs) x = x.to(w_.device);
         } else {
-          const auto w0 = clock::now();
-          if (!packing()) receiver_->await(*st.recv_f);
-          st.inputs = finish_recv(w_.pp, *st.recv_f, w_.timeout);
-          wait_ += clock::now() - w0;
-          st.recv_f.reset();
+          st.inputs = take(st.recv_f);
           for (auto& x : st.inputs)
             if (x.defined()) {
               const bool g = x.requires_grad();
@@ -659,11 +667,7 @@ class Trainer
           outs = {st.loss};
           grads = {torch::full_like(st.loss, o_.scaler.scale())};  // d(scale * loss)
         } else {
-          const auto w0 = clock::now();
-          if (!packing()) receiver_->await(*st.recv_b);
-          auto g = finish_recv(w_.pp, *st.recv_b, w_.timeout, st.outputs);
-          wait_ += clock::now() - w0;
-          st.recv_b.reset();
+          auto g = take(st.recv_b, st.outputs);
           for (std::size_t i = 0; i < st.outputs.size() && i < g.size(); ++i)
             if (g[i].defined() && st.outputs[i].requires_grad()) {
               outs.push_back(st.outputs[i]);
