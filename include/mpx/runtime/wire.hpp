@@ -7,7 +7,7 @@
 /// one message per boundary value): the receiver posts a buffer with room for the channel's largest
 /// payload of earlier steps, and a value that fits is sent whole into it. A larger one (the first step, a
 /// grown shape) sends its header alone, then one message per tensor on the channel's payload tag, whose
-/// receives are posted when the header arrives. Receives posted ahead never meet the wrong message (Gloo
+/// receives are posted once the header has been read. Receives posted ahead never meet the wrong message (Gloo
 /// matches by source and tag, first in first out; a larger buffer than the message is filled in part, a
 /// smaller one kills the process, which is why both ends derive the room from the same earlier messages).
 /// A header that breaks the declared boundary (field count, stage, micro-batch, or a gradient whose shape
