@@ -593,6 +593,13 @@ class Trainer
   {
     return packing() ? &sizes[{peer, channel}] : nullptr;
   }
+  /// Sends one boundary value (or its gradients) to slot `dst`.
+  PendingSend send(int dst, int channel, int stage, int mb, bool gradient, const std::vector<at::Tensor>& ts, at::ScalarType wire,
+                   std::string what)
+  {
+    return send_tensors(w_.pp, dst, channel, stage, mb, gradient, ts, wire, std::move(what), w_.comm_device,
+                        channel_size(sent_, dst, channel));
+  }
   /// Posts the receive of one boundary value from slot `src`.
   std::unique_ptr<PendingRecv> post(int src, int channel, Expect e, std::string what)
   {
@@ -656,9 +663,8 @@ class Trainer
         break;
       }
       case Op::SendF:
-        sends.push_back(send_tensors(w_.pp, rank_of_stage(s + 1), 2 * s, s + 1, mb, false, st.outputs, wire_dtype(s),
-                                     tag + " to slot " + std::to_string(rank_of_stage(s + 1)), w_.comm_device,
-                                     channel_size(sent_, rank_of_stage(s + 1), 2 * s)));
+        sends.push_back(send(rank_of_stage(s + 1), 2 * s, s + 1, mb, false, st.outputs, wire_dtype(s),
+                             tag + " to slot " + std::to_string(rank_of_stage(s + 1))));
         break;
       case Op::B:
       case Op::I: {
@@ -718,9 +724,8 @@ class Trainer
         break;
       }
       case Op::SendB:
-        sends.push_back(send_tensors(w_.pp, rank_of_stage(s - 1), 2 * (s - 1) + 1, s, mb, true, st.input_grads, wire_dtype(s - 1),
-                                     tag + " to slot " + std::to_string(rank_of_stage(s - 1)), w_.comm_device,
-                                     channel_size(sent_, rank_of_stage(s - 1), 2 * (s - 1) + 1)));
+        sends.push_back(send(rank_of_stage(s - 1), 2 * (s - 1) + 1, s, mb, true, st.input_grads, wire_dtype(s - 1),
+                             tag + " to slot " + std::to_string(rank_of_stage(s - 1))));
         st.inputs.clear();
         st.input_grads.clear();
         break;
