@@ -62,7 +62,7 @@ compile $B/obj/main.o tests/support/main.cpp &
 compile $B/obj/on_device.o tests/runtime/on_device.test.cpp &
 [ -n "${QUICK:-}" ] && { wait; link $B/device_tests $B/obj/on_device.o $B/obj/main.o && OMP_NUM_THREADS=4 timeout 300 $B/device_tests -d yes; exit; }
 # ---- the rest in parallel
-TORCH_TESTS=(tests/torch/blas.test.cpp tests/torch/tensor.test.cpp tests/runtime/checkpoint.test.cpp tests/optim/adamw8bit.test.cpp
+TORCH_TESTS=(tests/torch/blas.test.cpp tests/torch/tensor.test.cpp tests/runtime/activation_checkpoint.test.cpp tests/optim/adamw8bit.test.cpp
              tests/runtime/precision.test.cpp tests/io/safetensors.test.cpp)
 for s in "${TORCH_TESTS[@]}"; do compile $B/obj/$(basename "$s" .cpp).o "$s" & done
 compile $B/obj/runtime_rank.o tests/runtime/rank_main.cpp &

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The benchmark model: a stack of Linear + GELU layers of equal cost, so pipeline stages are balanced.
-#include <mpx/runtime/checkpoint.hpp>  // mpx::checkpoint_block
+#include <mpx/runtime/activation_checkpoint.hpp>  // mpx::checkpoint_block
 #include <torch/torch.h>
 
 namespace bench

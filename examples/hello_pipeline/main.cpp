@@ -7,7 +7,6 @@
 //   hello_pipeline [steps] [trace.json]
 #include <mpx/mpx.hpp>
 
-#include <boost/hana/define_struct.hpp>
 #include <torch/torch.h>
 
 #include <cstdio>

@@ -18,7 +18,7 @@
 #include "image.hpp"   // moondream::patchify, reconstruct, pool_tokens
 
 #include <boost/hana/define_struct.hpp>  // BOOST_HANA_DEFINE_STRUCT
-#include <mpx/runtime/checkpoint.hpp>    // mpx::checkpoint_block (a plain call unless a stage checkpoints blocks)
+#include <mpx/runtime/activation_checkpoint.hpp>    // mpx::checkpoint_block (a plain call unless a stage checkpoints blocks)
 #include <torch/torch.h>                 // torch::nn
 
 #include <cmath>   // std::sqrt, std::pow

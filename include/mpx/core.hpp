@@ -7,6 +7,7 @@
 #include <mpx/action.hpp>       // mpx::Op, mpx::Action, mpx::Step, mpx::Layout, mpx::Table
 #include <mpx/batch.hpp>        // mpx::Batch
 #include <mpx/boundary.hpp>     // mpx::Boundary
+#include <mpx/channels.hpp>     // mpx::activation_channel, mpx::recv_channel, mpx::peer_stage
 #include <mpx/config.hpp>       // MPX_VERSION_*, mpx::fixed_string
 #include <mpx/device.hpp>       // mpx::GPU, mpx::CPU, mpx::Device
 #include <mpx/fingerprint.hpp>  // mpx::fingerprint_v

@@ -19,7 +19,8 @@
 /// table (`RunTable`, runs.hpp) steps the same way through warm-up and drain but fast-forwards the steady
 /// state, so that p = 64, m = 512 stays cheap for the compiler's constant evaluator.
 
-#include <mpx/action.hpp>  // mpx::Step, mpx::Table, mpx::Layout
+#include <mpx/action.hpp>    // mpx::Step, mpx::Table, mpx::Layout, mpx::cost_of
+#include <mpx/channels.hpp>  // mpx::recv_channel, mpx::send_channel, mpx::num_channels
 #include <mpx/runs.hpp>    // mpx::RunTable
 
 #include <array>      // std::array
@@ -116,7 +117,7 @@ constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr)
     return fail(Verdict::bad_shape, -1, -1, {});
   if (t.malformed_rank >= 0) return fail(Verdict::bad_shape, t.malformed_rank, t.malformed_step, {});
 
-  const int C = 2 * S;
+  const int C = num_channels(S);
   buffer<std::uint8_t> state(std::size_t(S) * M);  // done_* bits per (stage, mb)
   buffer<int> count(std::size_t(S) * 4);            // F, B, I, W per stage
   buffer<int> sent(C), consumed(C), rposted(C);     // per channel
@@ -136,8 +137,7 @@ constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr)
     for (int j = 0; j < end; ++j) {
       const Step& c = steps[begin[r] + j];
       if (c.stage >= S) continue;
-      if (c.op == Op::F && c.stage > 0) ++rposted.p[2 * (c.stage - 1)];
-      else if ((c.op == Op::B || c.op == Op::I) && c.stage + 1 < S) ++rposted.p[2 * c.stage + 1];
+      if (const int ch = recv_channel(c.op, c.stage, S); ch >= 0) ++rposted.p[ch];
     }
     posted.p[r] = end;
   }
@@ -166,10 +166,10 @@ constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr)
           if ((st & needs) != needs) return fail(Verdict::out_of_order, r, k, {c.op, c.stage, c.mb});
           // ---- the receive it consumes: posted, and its data sent
           std::int64_t start = clock.p[r];
-          const int ch = (c.op == Op::F && s > 0) ? 2 * (s - 1) : (back && s + 1 < S) ? 2 * s + 1 : -1;
+          const int ch = recv_channel(c.op, s, S);
           if (ch >= 0) {
             if (posted.p[r] <= k)
-              return fail(Verdict::out_of_order, r, k, {ch % 2 ? Op::RecvB : Op::RecvF, c.stage, c.mb});
+              return fail(Verdict::out_of_order, r, k, {is_gradient_channel(ch) ? Op::RecvB : Op::RecvF, c.stage, c.mb});
             const int idx = consumed.p[ch];
             if (sent.p[ch] <= idx) break;  // blocked until the peer sends
             const std::size_t at = std::size_t(ch) * M + idx;
@@ -180,7 +180,7 @@ constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr)
           // ---- run it
           st |= mine;
           ++count.p[s * 4 + int(c.op)];
-          const int cost = c.op == Op::B ? 2 : 1;
+          const int cost = cost_of(c.op);
           clock.p[r] = start + cost;
           if (starts) starts[b + k] = start;
           busy.p[r] += cost;
@@ -192,15 +192,14 @@ constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr)
           for (int j = posted.p[r]; j < end; ++j) {
             const Step& q = steps[b + j];
             if (q.stage >= S) continue;
-            if (q.op == Op::F && q.stage > 0) ++rposted.p[2 * (q.stage - 1)];
-            else if ((q.op == Op::B || q.op == Op::I) && q.stage + 1 < S) ++rposted.p[2 * q.stage + 1];
+            if (const int ch = recv_channel(q.op, q.stage, S); ch >= 0) ++rposted.p[ch];
           }
           if (end > posted.p[r]) posted.p[r] = end;
           phase.p[r] = 1;
           progress = true;  // its receives are posted: a blocked sender may go on
         }
         // ---- its send: blocks until the receiver has posted the matching receive
-        const int sch = (c.op == Op::F && s + 1 < S) ? 2 * s : (back && s > 0) ? 2 * (s - 1) + 1 : -1;
+        const int sch = send_channel(c.op, s, S);
         if (sch >= 0) {
           const int idx = sent.p[sch];
           if (rposted.p[sch] <= idx) break;  // blocked until the peer posts
@@ -302,7 +301,6 @@ constexpr Proof prove(const RunTable& t)
       for (std::uint32_t i = RN[j].first; i < RN[j].first + RN[j].len; ++i) {
         const RunAction& e = A[i];
         const int s = e.stage;
-        const bool back = e.op == Op::B || e.op == Op::I;
         bad.p[i] = !is_compute(e.op) ? int(Verdict::bad_shape) : (s >= S || rank_of[s] != r) ? int(Verdict::foreign_action) : 0;
         lim.p[i] = bad.p[i] ? -1 : M;
         rch.p[i] = sch.p[i] = -1;
@@ -312,9 +310,9 @@ constexpr Proof prove(const RunTable& t)
         need.p[i] = kind == 0 ? 3 * S : (kind - 1) * S + s;  // counter 3S never limits
         flight.p[i] = e.op == Op::F ? 1 : (e.op == Op::B || e.op == Op::W) ? -1 : 0;
         full.p[i] = e.op == Op::B ? s : S;                     // nb[S] counts nothing anyone reads
-        rch.p[i] = (e.op == Op::F && s > 0) ? 2 * (s - 1) : (back && s + 1 < S) ? 2 * s + 1 : -1;
-        sch.p[i] = (e.op == Op::F && s + 1 < S) ? 2 * s : (back && s > 0) ? 2 * (s - 1) + 1 : -1;
-        cost.p[i] = e.op == Op::B ? 2 : 1;
+        rch.p[i] = recv_channel(e.op, s, S);
+        sch.p[i] = send_channel(e.op, s, S);
+        cost.p[i] = cost_of(e.op);
       }
   // ---- a run may be fast-forwarded through when it repeats, its actions are valid with every
   // repetition's micro-batch in range, and each entry's stride is the count of its (op, stage) in the
@@ -338,7 +336,7 @@ constexpr Proof prove(const RunTable& t)
     jumpable.p[j] = ok;
   }
 
-  const int C = 2 * S, cap = look + 1;
+  const int C = num_channels(S), cap = look + 1;
   buffer<std::int64_t> cnt(std::size_t(3) * S + 1), nb(std::size_t(S) + 1);  // done per (kind, stage); full backwards per stage
   cnt.p[3 * S] = std::int64_t(1) << 62;
   buffer<std::int64_t> sent(C), consumed(C), rposted(C);
@@ -485,7 +483,7 @@ constexpr Proof prove(const RunTable& t)
           std::int64_t start = clk;
           const int ch = rch.p[x];
           if (ch >= 0) {
-            if (ck <= k) return fail(Verdict::out_of_order, r, k, {ch % 2 ? Op::RecvB : Op::RecvF, e.stage, std::uint32_t(mb)});
+            if (ck <= k) return fail(Verdict::out_of_order, r, k, {is_gradient_channel(ch) ? Op::RecvB : Op::RecvF, e.stage, std::uint32_t(mb)});
             const std::int64_t idx = consumed.p[ch];
             if (sent.p[ch] <= idx) break;  // blocked until the peer sends
             const std::int64_t at = sent_time.p[std::size_t(ch) * cap + std::size_t(idx % cap)];

@@ -5,6 +5,8 @@
 // dropout masks (the device's generator is restored); autocast; 8-bit AdamW matches its CPU arithmetic.
 // On a GPU machine: `scripts/gpu_check.sh` builds and runs this file against a CUDA LibTorch 2.x.
 #include "support/catch_torch.hpp"
+#include "support/one_rank_world.hpp"
+#include "support/reference.hpp"
 #include "support/scratch_dir.hpp"
 #include "support/tiny_transformer.hpp"
 
@@ -34,17 +36,7 @@ mpx::TrainOptions options()
   return o;
 }
 
-/// A world of one rank on a free port (collectives: NCCL on CUDA, Gloo on CPU).
-mpx::World one_rank_world()
-{
-  static int port = mpx::detail::free_port();
-  mpx::Env env;
-  env.master_port = port++;  // each world its own store
-  mpx::WorldOptions wo;
-  wo.timeout = std::chrono::seconds(60);
-  wo.allow_cpu = true;  // this test runs on CPU where there is no GPU
-  return mpx::make_world<P1>(env, wo);
-}
+mpx::World one_rank_world() { return test::one_rank_world<P1>(); }
 
 tiny::Model make_model()
 {
@@ -67,33 +59,25 @@ TEST_CASE("a one-stage pipeline on the device trains like plain LibTorch on CPU"
   auto w = one_rank_world();
   CHECK(w.device == device());
   auto t = make_trainer<P1>(w);
-  // reference: the same model, data and SGD on CPU, one process
-  auto ref = make_model();
+  // reference: the same model, data and SGD on CPU, one process (support/reference.hpp)
+  std::vector<tiny::Model> ref{make_model()};
   const auto o = options();
-  torch::optim::SGD sgd(ref->parameters(), torch::optim::SGDOptions(o.lr.peak).momentum(o.momentum));
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> sgd;
+  sgd.push_back(std::make_unique<torch::optim::SGD>(ref[0]->parameters(), torch::optim::SGDOptions(o.lr.peak).momentum(o.momentum)));
+  test::ReferenceOptions ro;
+  ro.lr = o.lr;
+  ro.clip_norm = o.clip_norm;
+  ro.rows = rows;
+  const auto expected = test::train_reference(ref, sgd, ro, config);
   for (long step = 0; step < 5; ++step) {
-    auto batch = tiny::make_batch(config, rows, step, 0, 1);
-    const auto st = t.step(mpx::split_microbatches(batch, 4));
-    double total = 0;
-    for (auto& mb : mpx::split_microbatches(batch, 4)) {
-      auto loss = tiny::loss(ref->forward(mb.tokens), mb) / 4.0;
-      loss.backward();
-      total += loss.item<double>();
-    }
-    double sq = 0;
-    for (auto& p : ref->parameters()) sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
-    const double norm = std::sqrt(sq);
-    if (norm > o.clip_norm)
-      for (auto& p : ref->parameters()) p.mutable_grad().mul_(o.clip_norm / (norm + 1e-6));
-    for (auto& g : sgd.param_groups()) g.options().set_lr(o.lr(step));
-    sgd.step();
-    sgd.zero_grad();
+    const auto st = t.step(mpx::split_microbatches(tiny::make_batch(config, rows, step, 0, 1), 4));
+    const double total = expected.losses[std::size_t(step)], norm = expected.grad_norms[std::size_t(step)];
     INFO("step " << step << ": device loss " << st.loss << ", CPU loss " << total);
     CHECK(rel(st.loss, total) < (w.device.is_cpu() ? 1e-6 : 1e-5));
     CHECK(rel(st.grad_norm, norm) < (w.device.is_cpu() ? 1e-5 : 1e-4));
   }
   auto mine = t.parameters(0);
-  auto theirs = ref->parameters();
+  auto theirs = ref[0]->parameters();
   REQUIRE(mine.size() == theirs.size());
   for (std::size_t i = 0; i < mine.size(); ++i) {
     CHECK(mine[i].device() == device());
@@ -134,7 +118,7 @@ TEST_CASE("an inf under the loss scaler skips the step on the device, halves the
   auto w = one_rank_world();
   auto o = options();
   o.scaler.enabled = true;
-  o.scaler.init = o.scaler.scale_ = 1024;
+  o.scaler.init = 1024;
   o.autocast = w.device.is_cuda() ? at::kHalf : at::kBFloat16;  // fp16 where it exists
   o.before_optimizer = [](int, long step, const std::vector<at::Tensor>& params) {
     if (step == 1) params.front().mutable_grad().view(-1)[0] = std::numeric_limits<float>::infinity();

@@ -30,10 +30,7 @@ TEST_CASE("AutocastGuard: bf16 matmuls, fp32 master weights and gradients, fp32 
 
 TEST_CASE("LossScaler backs off on inf, grows after its interval, counts skipped steps", "[precision]")
 {
-  mpx::LossScaler s;
-  s.enabled = true;
-  s.interval = 3;
-  s.reset();
+  mpx::LossScaler s({.enabled = true, .interval = 3});
   CHECK(s.scale() == 65536);
   CHECK(!s.update(false));
   CHECK(!s.update(false));

@@ -31,7 +31,7 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
   if (const char* inject = std::getenv("MPX_TEST_INJECT_INF")) {  // "stage,step": an inf in that stage's gradient
     const int at_stage = std::atoi(inject), at_step = std::atoi(std::strchr(inject, ',') + 1);
     options.scaler.enabled = true;
-    options.scaler.init = options.scaler.scale_ = 1024;
+    options.scaler.init = 1024;
     options.scaler.interval = 2;  // grow quickly, to see it
     options.before_optimizer = [=](int stage, long step, const std::vector<at::Tensor>& params) {
       if (stage == at_stage && step == at_step) params.front().mutable_grad().view(-1)[0] = std::numeric_limits<float>::infinity();
@@ -167,24 +167,8 @@ int wire()
 int run(const std::string& name, const std::string& out, int kill_rank, int kill_step)
 {
   using namespace scenario;
-  if (name == "p2-gpipe") return train<P2<mpx::GPipe>>(out, kill_rank, kill_step);
-  if (name == "p2-1f1b") return train<P2<mpx::OneFOneB>>(out, kill_rank, kill_step);
-  if (name == "p2-zbh1") return train<P2<mpx::ZBH1>>(out, kill_rank, kill_step);
-  if (name == "p3-gpipe") return train<P3<mpx::GPipe>>(out, kill_rank, kill_step);
-  if (name == "p3-1f1b") return train<P3<mpx::OneFOneB>>(out, kill_rank, kill_step);
-  if (name == "p3-zbh1") return train<P3<mpx::ZBH1>>(out, kill_rank, kill_step);
-  if (name == "p4-gpipe") return train<P4<mpx::GPipe>>(out, kill_rank, kill_step);
-  if (name == "p4-1f1b") return train<P4<mpx::OneFOneB>>(out, kill_rank, kill_step);
-  if (name == "p4-zbh1") return train<P4<mpx::ZBH1>>(out, kill_rank, kill_step);
-  if (name == "p2x2-interleaved") return train<P2x2>(out, kill_rank, kill_step);
-  if (name == "p3x2-interleaved") return train<P3x2>(out, kill_rank, kill_step);
-  if (name == "dp2-p2-1f1b") return train<P2<mpx::OneFOneB>>(out, kill_rank, kill_step);
-  if (name == "p2-bf16-wire") return train<P2Bf16>(out, kill_rank, kill_step);
-  if (name == "p2-1f1b-checkpointed") return train<P2Ckpt<mpx::OneFOneB>>(out, kill_rank, kill_step);
-  if (name == "p2-zbh1-checkpointed") return train<P2Ckpt<mpx::ZBH1>>(out, kill_rank, kill_step);
-  if (name == "p2-bf16-autocast") return train<P2Bf16Autocast>(out, kill_rank, kill_step);
-  if (name == "p2-1f1b-block-checkpointed") return train<P2Blocks<mpx::OneFOneB>>(out, kill_rank, kill_step);
-  if (name == "p2-zbh1-block-checkpointed") return train<P2Blocks<mpx::ZBH1>>(out, kill_rank, kill_step);
+  int status = 2;
+  if (visit(name, [&](auto t, int) { status = train<typename decltype(t)::pipeline>(out, kill_rank, kill_step); })) return status;
   // start-up errors
   if (name == "mismatch") {  // rank 1 is built with another micro-batch count
     if (mpx::read_env().rank == 1) return train<P2<mpx::OneFOneB, 2>>(out, -1, -1);

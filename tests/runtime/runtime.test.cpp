@@ -3,6 +3,7 @@
 // scenarios.hpp; every step's loss and every final parameter must match single-process training of the
 // same model on the same data. Start-up errors and a killed rank must end every rank with a clear error.
 #include "support/catch_torch.hpp"
+#include "support/reference.hpp"
 #include "support/spawn.hpp"
 #include "scenarios.hpp"
 
@@ -20,12 +21,12 @@ struct Reference
   std::vector<std::vector<at::Tensor>> params;  // per stage
 };
 
-/// The same model, data and optimizer in one process: every stage chained, micro-batch after micro-batch.
+/// The same model, data and optimizer in one process (support/reference.hpp).
 Reference reference(const scenario::Spec& s, long skip_step = -1)
 {
   const auto opt = scenario::options();
   std::vector<tiny::Model> stages;
-  std::vector<std::unique_ptr<torch::optim::AdamW>> optimizers;
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers;
   for (std::size_t i = 0; i < s.ranges.size(); ++i) {
     torch::manual_seed(100 + int(i));
     stages.emplace_back(scenario::config, s.ranges[i].first, s.ranges[i].second);
@@ -33,60 +34,17 @@ Reference reference(const scenario::Spec& s, long skip_step = -1)
         stages.back()->parameters(),
         torch::optim::AdamWOptions(opt.lr.peak).betas({opt.beta1, opt.beta2}).eps(opt.eps).weight_decay(opt.weight_decay)));
   }
+  test::ReferenceOptions ro;
+  ro.lr = opt.lr;
+  ro.clip_norm = opt.clip_norm;
+  ro.steps = scenario::steps;
+  ro.rows = scenario::rows_per_replica;
+  ro.microbatches = s.microbatches;
+  ro.replicas = s.replicas;
+  ro.skip_step = skip_step;
+  ro.bf16 = s.bf16;
   Reference ref;
-  for (long step = 0; step < scenario::steps; ++step) {
-    // The gradient of the global batch's mean loss, summed replica slice by replica slice (the sum the
-    // data-parallel all-reduce forms; with AdamW a different summation order would move the parameters
-    // whose exact gradient is zero, such as attention key biases, by rounding noise).
-    double total = 0;
-    std::vector<std::vector<at::Tensor>> partial;
-    for (int r = 0; r < s.replicas; ++r) {
-      auto batch = tiny::make_batch(scenario::config, scenario::rows_per_replica, step, r, s.replicas);
-      for (auto& mb : mpx::split_microbatches(batch, s.microbatches)) {
-        auto x = mb.tokens;
-        for (auto& st : stages) {  // each stage's forward in its own autocast region, as on the ranks
-          mpx::AutocastGuard autocast(c10::DeviceType::CPU, s.bf16, at::kBFloat16);
-          x = st->forward(x);
-        }
-        auto loss = tiny::loss(x, mb) / double(s.microbatches * s.replicas);
-        loss.backward();
-        total += loss.item<double>();
-      }
-      partial.emplace_back();
-      for (auto& st : stages)
-        for (auto& p : st->parameters()) {
-          partial.back().push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
-          p.mutable_grad() = at::Tensor();
-        }
-    }
-    {
-      std::size_t k = 0;
-      for (auto& st : stages)
-        for (auto& p : st->parameters()) {
-          at::Tensor g = partial[0][k].clone();
-          for (std::size_t r = 1; r < partial.size(); ++r) g += partial[r][k];
-          p.mutable_grad() = g;
-          ++k;
-        }
-    }
-    double sq = 0;
-    for (auto& st : stages)
-      for (auto& p : st->parameters())
-        if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
-    const double norm = std::sqrt(sq);
-    if (step != skip_step && norm > opt.clip_norm)
-      for (auto& st : stages)
-        for (auto& p : st->parameters())
-          if (p.grad().defined()) p.mutable_grad().mul_(opt.clip_norm / (norm + 1e-6));
-    for (auto& o : optimizers) {
-      if (step == skip_step) break;  // the step whose gradients were not finite: no update anywhere
-      for (auto& g : o->param_groups()) g.options().set_lr(opt.lr(step));
-      o->step();
-    }
-    for (auto& st : stages)
-      for (auto& p : st->parameters()) p.mutable_grad() = at::Tensor();
-    ref.losses.push_back(total);
-  }
+  ref.losses = test::train_reference(stages, optimizers, ro, scenario::config).losses;
   for (auto& st : stages) ref.params.push_back(st->parameters());
   return ref;
 }
@@ -118,10 +76,8 @@ void check_parity(const std::string& name, double loss_tol = 1e-5, double param_
                   const std::vector<std::pair<std::string, std::string>>& env = {}, long skip_step = -1,
                   std::string* rank0_output = nullptr)
 {
-  const scenario::Spec* spec = nullptr;
-  for (auto& s : scenario::specs())
-    if (s.name == name) spec = &s;
-  REQUIRE(spec != nullptr);
+  const scenario::Spec spec_of_name = scenario::spec(name);
+  const scenario::Spec* spec = &spec_of_name;
   const std::string dir = "/tmp/mpx-parity-" + name + "-" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   auto res = test::spawn(spec->world, {MPX_RANK_EXE, name, dir}, std::chrono::seconds(240), env);

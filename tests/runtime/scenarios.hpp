@@ -59,7 +59,7 @@ using P3x2 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 1>>, Stage<Model, CPU<
 using PGpu = mpx::Pipeline<Stage<Model, mpx::GPU<0>, Layers<0, 3>>, Stage<Model, mpx::GPU<1>, Layers<3, 6>>,
                            Microbatches<2>, mpx::Batch<tiny::Batch>>;
 
-/// One parity scenario: how many ranks, replicas and micro-batches, and the layer range of each stage.
+/// One parity scenario as the test driver sees it: ranks, replicas, micro-batches, each stage's layers.
 struct Spec
 {
   std::string name;
@@ -70,28 +70,56 @@ struct Spec
   bool bf16 = false;  ///< the stages run under bf16 autocast (the reference too)
 };
 
-inline const std::vector<Spec>& specs()
+template <class P>
+struct type
 {
-  static const std::vector<Spec> s = {
-      {"p2-gpipe", 2, 1, 4, {{0, 3}, {3, 6}}},
-      {"p2-1f1b", 2, 1, 4, {{0, 3}, {3, 6}}},
-      {"p2-zbh1", 2, 1, 4, {{0, 3}, {3, 6}}},
-      {"p3-gpipe", 3, 1, 4, {{0, 2}, {2, 4}, {4, 6}}},
-      {"p3-1f1b", 3, 1, 4, {{0, 2}, {2, 4}, {4, 6}}},
-      {"p3-zbh1", 3, 1, 4, {{0, 2}, {2, 4}, {4, 6}}},
-      {"p4-gpipe", 4, 1, 4, {{0, 1}, {1, 3}, {3, 5}, {5, 6}}},
-      {"p4-1f1b", 4, 1, 4, {{0, 1}, {1, 3}, {3, 5}, {5, 6}}},
-      {"p4-zbh1", 4, 1, 4, {{0, 1}, {1, 3}, {3, 5}, {5, 6}}},
-      {"p2x2-interleaved", 2, 1, 4, {{0, 1}, {1, 3}, {3, 4}, {4, 6}}},
-      {"p3x2-interleaved", 3, 1, 6, {{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 5}, {5, 6}}},
-      {"dp2-p2-1f1b", 4, 2, 4, {{0, 3}, {3, 6}}},
-      {"p2-bf16-wire", 2, 1, 4, {{0, 3}, {3, 6}}},
-      {"p2-1f1b-checkpointed", 2, 1, 4, {{0, 3}, {3, 6}}},
-      {"p2-zbh1-checkpointed", 2, 1, 4, {{0, 3}, {3, 6}}},
-      {"p2-1f1b-block-checkpointed", 2, 1, 4, {{0, 3}, {3, 6}}},
-      {"p2-bf16-autocast", 2, 1, 4, {{0, 3}, {3, 6}}, true},
-      {"p2-zbh1-block-checkpointed", 2, 1, 4, {{0, 3}, {3, 6}}},
-  };
+  using pipeline = P;
+};
+
+/// The one list of parity scenarios: calls `f(type<P>{}, replicas)` with scenario `name`'s pipeline type
+/// and replica count; false if there is no such scenario.
+template <class F>
+bool visit(const std::string& name, F&& f)
+{
+  using mpx::GPipe, mpx::OneFOneB, mpx::ZBH1;
+  auto is = [&](const char* n) { return name == n; };
+  if (is("p2-gpipe")) return f(type<P2<GPipe>>{}, 1), true;
+  if (is("p2-1f1b")) return f(type<P2<OneFOneB>>{}, 1), true;
+  if (is("p2-zbh1")) return f(type<P2<ZBH1>>{}, 1), true;
+  if (is("p3-gpipe")) return f(type<P3<GPipe>>{}, 1), true;
+  if (is("p3-1f1b")) return f(type<P3<OneFOneB>>{}, 1), true;
+  if (is("p3-zbh1")) return f(type<P3<ZBH1>>{}, 1), true;
+  if (is("p4-gpipe")) return f(type<P4<GPipe>>{}, 1), true;
+  if (is("p4-1f1b")) return f(type<P4<OneFOneB>>{}, 1), true;
+  if (is("p4-zbh1")) return f(type<P4<ZBH1>>{}, 1), true;
+  if (is("p2x2-interleaved")) return f(type<P2x2>{}, 1), true;
+  if (is("p3x2-interleaved")) return f(type<P3x2>{}, 1), true;
+  if (is("dp2-p2-1f1b")) return f(type<P2<OneFOneB>>{}, 2), true;
+  if (is("p2-bf16-wire")) return f(type<P2Bf16>{}, 1), true;
+  if (is("p2-1f1b-checkpointed")) return f(type<P2Ckpt<OneFOneB>>{}, 1), true;
+  if (is("p2-zbh1-checkpointed")) return f(type<P2Ckpt<ZBH1>>{}, 1), true;
+  if (is("p2-1f1b-block-checkpointed")) return f(type<P2Blocks<OneFOneB>>{}, 1), true;
+  if (is("p2-zbh1-block-checkpointed")) return f(type<P2Blocks<ZBH1>>{}, 1), true;
+  if (is("p2-bf16-autocast")) return f(type<P2Bf16Autocast>{}, 1), true;
+  return false;
+}
+
+/// Scenario `name`'s spec, read off its pipeline type.
+inline Spec spec(const std::string& name)
+{
+  Spec s;
+  s.name = name;
+  const bool found = visit(name, [&](auto t, int replicas) {
+    using P = typename decltype(t)::pipeline;
+    s.replicas = replicas;
+    s.world = P::num_slots * replicas;
+    s.microbatches = P::num_microbatches;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (s.ranges.emplace_back(P::template stage<int(I)>::layer_begin, P::template stage<int(I)>::layer_end), ...);
+    }(std::make_index_sequence<std::size_t(P::num_stages)>{});
+    s.bf16 = std::is_same_v<typename P::template stage<0>::precision, mpx::BF16>;
+  });
+  if (!found) throw std::invalid_argument("no parity scenario named " + name);
   return s;
 }
 

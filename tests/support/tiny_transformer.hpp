@@ -5,7 +5,7 @@
 /// runtime's parity tests. Shape legend: B batch, T tokens, D model dim, H heads, V vocabulary.
 
 #include <boost/hana/define_struct.hpp>  // BOOST_HANA_DEFINE_STRUCT
-#include <mpx/runtime/checkpoint.hpp>    // mpx::checkpoint_block
+#include <mpx/runtime/activation_checkpoint.hpp>    // mpx::checkpoint_block
 #include <torch/torch.h>                 // torch::nn
 
 #include <cmath>   // std::sqrt

@@ -1,10 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// @file runtime/errors.hpp
-/// The two errors the runtime raises: `config_error` for what the user can fix before launching (world
-/// size, devices, mismatched binaries, malformed input), `peer_error` for what went wrong between ranks
-/// (a dead or silent peer, a message that breaks the boundary type). Messages state the values, the rule
-/// and the fix.
+/// The errors the runtime raises. `config_error`: what the user can fix before launching (world size,
+/// devices, mismatched binaries, malformed input, a checkpoint of another pipeline). `peer_error`: what went
+/// wrong between ranks (a dead or silent peer, a message that breaks the boundary type). `stage_error`: a
+/// stage's own failure on this rank (its forward or loss throwing, a shape error in its backward) — this
+/// rank's fault, not the peer's it was talking to.
+///
+/// Every message starts with `mpx: `, then where — an API call (`mpx: Trainer::step: ...`) or a place in
+/// the run (`mpx: rank 1 (slot 1, replica 0), step 2, action 7 F3 of stage 1[, peer rank 0]: ...`; steps
+/// and micro-batches are 0-based) — then the values, the rule and the fix.
 
 #include <stdexcept>  // std::invalid_argument, std::runtime_error
 #include <string>     // std::string
@@ -20,6 +25,12 @@ struct config_error : std::invalid_argument
 
 /// A failure between ranks: names rank, step, schedule action and peer.
 struct peer_error : std::runtime_error
+{
+  using std::runtime_error::runtime_error;
+};
+
+/// A stage's own failure on this rank: names rank, step, schedule action and stage.
+struct stage_error : std::runtime_error
 {
   using std::runtime_error::runtime_error;
 };

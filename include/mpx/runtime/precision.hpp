@@ -70,22 +70,31 @@ class AutocastGuard
   at::ScalarType was_dtype_ = at::kBFloat16;
 };
 
-/// Dynamic loss scaling (see the file comment).
-struct LossScaler
+/// How the loss is scaled (configuration: `TrainOptions::scaler`); the running scale is `LossScaler`'s.
+struct LossScaling
 {
   bool enabled = false;
-  double init = 65536.0;
-  double growth = 2.0;
-  double backoff = 0.5;
-  long interval = 2000;  ///< good steps before the scale grows
+  double init = 65536.0;   ///< the first scale
+  double growth = 2.0;     ///< factor after `interval` good steps
+  double backoff = 0.5;    ///< factor after a step with an inf/NaN gradient
+  long interval = 2000;    ///< good steps before the scale grows
+};
 
-  double scale() const { return enabled ? scale_ : 1.0; }
+/// Dynamic loss scaling (see the file comment): the running state of one run, built from its `LossScaling`.
+class LossScaler
+{
+ public:
+  explicit LossScaler(LossScaling config = {}) : c_(config), scale_(config.init) {}
+
+  const LossScaling& config() const { return c_; }
+  bool enabled() const { return c_.enabled; }
+  double scale() const { return c_.enabled ? scale_ : 1.0; }
   long skipped() const { return skipped_; }
   long good_steps() const { return good_; }
   /// Restores the state a checkpoint recorded (scale, skipped and good steps since the last change).
   void restore(double scale, long skipped, long good)
   {
-    if (enabled) scale_ = scale;
+    if (c_.enabled) scale_ = scale;
     skipped_ = skipped;
     good_ = good;
   }
@@ -93,22 +102,23 @@ struct LossScaler
   /// After the ranks agreed on `found_inf`: true if the step must be skipped.
   bool update(bool found_inf)
   {
-    if (!enabled) return found_inf;
+    if (!c_.enabled) return found_inf;
     if (found_inf) {
-      scale_ *= backoff;
+      scale_ *= c_.backoff;
       good_ = 0;
       ++skipped_;
       return true;
     }
-    if (++good_ >= interval) {
-      scale_ *= growth;
+    if (++good_ >= c_.interval) {
+      scale_ *= c_.growth;
       good_ = 0;
     }
     return false;
   }
-  void reset() { scale_ = init; }
 
-  double scale_ = 65536.0;
+ private:
+  LossScaling c_;
+  double scale_;
   long good_ = 0;
   long skipped_ = 0;
 };

@@ -63,8 +63,20 @@ struct World
   ProcessGroupPtr world, pp, dp;
 
   /// Global rank of (replica, slot).
-  int rank_of(int rep, int s) const { return rep * slots + s; }
+  int global_rank(int rep, int s) const { return rep * slots + s; }
 };
+
+/// Waits until every rank of the world has arrived (with the run's timeout); `what` names the place in the
+/// error a missing peer causes.
+inline void barrier(World& w, const std::string& what)
+{
+  std::vector<at::Tensor> v{torch::zeros({1})};
+  try {
+    w.world->allreduce(v)->wait(w.timeout);
+  } catch (const std::exception& e) {
+    throw peer_error("mpx: rank " + std::to_string(w.env.rank) + ", " + what + ": a peer did not arrive: " + e.what());
+  }
+}
 
 namespace detail
 {

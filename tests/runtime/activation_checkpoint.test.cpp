@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests for mpx/runtime/checkpoint.hpp: checkpointed and plain forward give equal gradients, dropout on.
+// Tests for mpx/runtime/activation_checkpoint.hpp: checkpointed and plain forward give equal gradients, dropout on.
 #include "support/catch_torch.hpp"
 
-#include <mpx/runtime/checkpoint.hpp>
+#include <mpx/runtime/activation_checkpoint.hpp>
 #include <mpx/runtime/trainer.hpp>  // mpx::detail::usable_boundaries, boundary_segments (the split W pass)
 
 #include <torch/torch.h>

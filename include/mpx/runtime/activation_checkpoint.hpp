@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-/// @file runtime/checkpoint.hpp
+/// @file runtime/activation_checkpoint.hpp
 /// Activation checkpointing: `mpx::checkpoint(fn, inputs, params)` runs `fn` without keeping its
 /// intermediate activations (only the inputs), and recomputes it in backward — with the RNG state of the
 /// forward restored, so dropout masks repeat and the gradients equal those of the plain run. The

@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file examples/moondream/evaluation.hpp
+/// Held-out accuracy: greedy answers (up to 16 tokens) of the whole model on held-out questions, exact
+/// after trimming, per question kind, beside the best constant answer per kind (the chance level).
+
+#include "data.hpp"       // moondream::Dataset, collate, prompt_ids
+#include "model.hpp"      // moondream::Moondream
+#include "tokenizer.hpp"  // moondream::Tokenizer
+
+#include <fmt/format.h>  // fmt::format
+
+#include <algorithm>  // std::min, std::max
+#include <map>        // std::map
+#include <string>     // std::string
+
+namespace moondream
+{
+
+/// Held-out accuracy: greedy answers (up to 16 tokens) compared with the reference after trimming.
+struct Accuracy
+{
+  double overall = 0, chance = 0;
+  std::map<std::string, std::pair<int, int>> by_kind;  // kind → (correct, total)
+  long n = 0;
+};
+
+inline std::string trim(std::string s)
+{
+  const auto b = s.find_first_not_of(" \n\t"), e = s.find_last_not_of(" \n\t");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+inline Accuracy evaluate(Moondream& m, const Dataset& d, const Tokenizer& tok, long n)
+{
+  Accuracy a;
+  m->eval();
+  std::map<std::string, std::map<std::string, int>> answers;  // kind → answer → count (for the chance level)
+  n = std::min<long>(n, long(d.size()));
+  for (long i = 0; i < n; ++i) {
+    auto s = d.get(std::size_t(i));
+    auto b = collate({s}, tok, m->cfg);
+    auto cache = m->encode_image(b.crops, b.tiling);
+    auto p = prompt_ids(tok, s.question);
+    auto out = m->generate(std::move(cache), std::vector<int64_t>(p.begin(), p.end()), 16);
+    auto got = trim(tok.decode(std::vector<int>(out.begin(), out.end())));
+    const bool ok = got == trim(s.answer);
+    auto& k = a.by_kind[s.kind];
+    k.first += ok, k.second += 1;
+    a.overall += ok;
+    ++answers[s.kind][trim(s.answer)];
+  }
+  a.n = n;
+  a.overall /= double(std::max(1L, n));
+  for (auto& [kind, counts] : answers) {  // the best constant answer per question kind
+    int best = 0;
+    for (auto& [ans, c] : counts) best = std::max(best, c);
+    a.chance += double(best) / double(std::max(1L, n));
+  }
+  return a;
+}
+
+inline std::string describe(const Accuracy& a)
+{
+  std::string s = fmt::format("{:.1f}% of {} (best constant answer per question kind: {:.1f}%)", 100 * a.overall, a.n, 100 * a.chance);
+  for (auto& [k, v] : a.by_kind)
+    if (!k.empty()) s += fmt::format("; {} {}/{}", k, v.first, v.second);
+  return s;
+}
+
+}  // namespace moondream

@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file examples/moondream/metrics.hpp
+/// What a run reports as it trains: one JSON line of metrics per step, the progress line, and a small SVG
+/// of the loss curve.
+
+#include <fmt/format.h>  // fmt::format
+
+#include <algorithm>   // std::min, std::max
+#include <chrono>      // std::chrono::steady_clock
+#include <filesystem>  // std::filesystem
+#include <fstream>     // std::ofstream
+#include <iostream>    // std::cout
+#include <string>      // std::string
+#include <vector>      // std::vector
+
+namespace moondream
+{
+
+/// One line of metrics and the progress line.
+struct Progress
+{
+  std::ofstream metrics;
+  std::vector<double> losses;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  long first_step = 0;
+
+  void open(const std::string& path, bool append)
+  {
+    if (path.empty()) return;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path().empty() ? "." : std::filesystem::path(path).parent_path());
+    metrics.open(path, append ? std::ios::app : std::ios::trunc);
+  }
+  void record(long step, long total, double loss, double lr, double grad_norm, double seconds, long samples, long tokens, bool skipped, bool print)
+  {
+    losses.push_back(loss);
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double per_step = elapsed / double(step + 1 - first_step);
+    if (metrics.is_open())
+      metrics << fmt::format(R"({{"step": {}, "loss": {:.8g}, "lr": {:.6g}, "grad_norm": {:.6g}, "seconds": {:.4f}, "samples_per_s": {:.3f}, "tokens_per_s": {:.2f}, "skipped": {}}})",
+                             step, loss, lr, grad_norm, seconds, samples / seconds, tokens / seconds, skipped ? "true" : "false")
+              << "\n" << std::flush;
+    if (print) {
+      const long eta = long(per_step * double(total - step - 1));
+      std::cout << fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  {:.1f} samples/s  {:.0f} tokens/s  ETA {}m{:02}s{}\n", step + 1, total, loss, lr,
+                               samples / seconds, tokens / seconds, eta / 60, eta % 60, skipped ? "  (skipped: inf/NaN)" : "")
+                << std::flush;
+    }
+  }
+};
+
+/// A small SVG of the loss per step.
+inline void write_plot(const std::string& path, const std::vector<double>& losses, long first_step)
+{
+  if (path.empty() || losses.empty()) return;
+  const double W = 640, H = 360, pad = 40;
+  double lo = losses[0], hi = losses[0];
+  for (double l : losses) lo = std::min(lo, l), hi = std::max(hi, l);
+  if (hi - lo < 1e-9) hi = lo + 1;
+  std::string pts;
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    const double x = pad + (W - 2 * pad) * double(i) / double(std::max<std::size_t>(1, losses.size() - 1));
+    const double y = H - pad - (H - 2 * pad) * (losses[i] - lo) / (hi - lo);
+    pts += fmt::format("{:.1f},{:.1f} ", x, y);
+  }
+  std::ofstream f(path);
+  f << fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" font-family="sans-serif" font-size="12">
+<rect width="{0}" height="{1}" fill="white"/>
+<line x1="{2}" y1="{3}" x2="{4}" y2="{3}" stroke="black"/><line x1="{2}" y1="{2}" x2="{2}" y2="{3}" stroke="black"/>
+<text x="{2}" y="{5}">loss {6:.3f}</text><text x="{2}" y="{7}">{8:.3f}</text>
+<text x="{4}" y="{9}" text-anchor="end">step {10}</text><text x="{2}" y="{9}">step {11}</text>
+<polyline fill="none" stroke="steelblue" stroke-width="1.5" points="{12}"/>
+</svg>
+)",
+                   W, H, pad, H - pad, W - pad, pad - 8, hi, H - pad + 14, lo, H - pad + 28, first_step + long(losses.size()), first_step + 1, pts);
+}
+
+}  // namespace moondream

@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file examples/moondream/train_pipeline.hpp
+/// The pipeline driver: `train_pipeline<P>` trains one pipeline type (stage 0 the vision encoder, stages
+/// 1.. text ranges) on this rank with mpx — world, stages, trainer, resume, checkpoints, the exported
+/// model and the held-out evaluation on rank 0.
+
+#include "evaluation.hpp"  // moondream::evaluate, describe
+#include "metrics.hpp"     // moondream::Progress, write_plot
+#include "recipe.hpp"      // moondream::Options, make_data, initialise, step_indices, ...
+
+#include <mpx/mpx.hpp>
+
+#include <fmt/format.h>  // fmt::format
+#include <torch/torch.h>
+
+#include <chrono>      // std::chrono
+#include <filesystem>  // std::filesystem
+#include <iostream>    // std::cout
+#include <string>      // std::string
+#include <vector>      // std::vector
+
+namespace moondream
+{
+
+/// A rendezvous through the store that may wait long (evaluation on rank 0): every rank sets its key,
+/// then waits for all of them.
+inline void store_barrier(mpx::World& w, std::string tag, std::chrono::milliseconds timeout)
+{
+  static long count = 0;  // every rank passes the same barriers in the same order: keys are never reused
+  tag += "#" + std::to_string(count++);
+  w.store->set("moondream/" + tag + "/" + std::to_string(w.env.rank), std::vector<uint8_t>{1});
+  std::vector<std::string> keys;
+  for (int r = 0; r < w.env.world_size; ++r) keys.push_back("moondream/" + tag + "/" + std::to_string(r));
+  w.store->wait(keys, timeout);
+}
+
+/// Trains pipeline type P (stage 0 the vision encoder, stages 1.. text ranges) on this rank.
+template <class P>
+int train_pipeline(const Options& o)
+{
+  using namespace std::chrono_literals;
+  const auto env = mpx::read_env();
+  const bool lead = env.rank == 0;
+  const Config c = load_config(o.config);
+  mpx::check_blas();
+  mpx::WorldOptions wo;
+  wo.timeout = std::chrono::milliseconds(long(o.timeout_s) * 1000);
+  wo.allow_cpu = true;
+  auto world = mpx::make_world<P>(env, wo);
+  const auto tok = Tokenizer::load(o.tokenizer);
+  Data data = make_data(o, c);
+  const long total = resolve_steps(o, data, world.replicas);
+  const auto ranges = split_layers(c.text.n_layers, P::num_stages - 1);
+  if (lead) {
+    std::cout << fmt::format("moondream_train: config {} ({} vision + {} text layers), layout {}, {} ranks, {} on {}\n", c.name,
+                             c.vision.enc_n_layers, c.text.n_layers, o.layout, env.world_size, P::schedule::name,
+                             world.device.is_cuda() ? "CUDA" : "CPU (no CUDA here: this example opts into running GPU<i> stages on CPU ranks)");
+    std::cout << mpx::print<P>;
+    for (int i = 1; i < P::num_stages; ++i) std::cout << fmt::format("  stage {}: text layers [{}, {})\n", i, ranges[i - 1].first, ranges[i - 1].second);
+    std::cout << fmt::format("  vision: {}; optimizer {}; precision {}; activation checkpointing {}; global batch {} = {} micro-batches x {} samples x {} replicas\n",
+                             o.train_vision() ? "trained" : "frozen", o.optimizer, o.precision, o.checkpoint ? "stages" : o.checkpoint_blocks ? "blocks" : "off",
+                             o.microbatches() * o.microbatch_size * world.replicas, o.microbatches(), o.microbatch_size, world.replicas);
+  }
+  auto make = [&](auto stage) {
+    constexpr int I = decltype(stage)::value;
+    if constexpr (I == 0) {
+      Vision v(c);
+      initialise(o, c, v->named_weights(), *data.train, tok);
+      if (!o.train_vision())
+        for (auto& p : v->parameters()) p.requires_grad_(false);
+      return v;
+    } else {
+      Text t(c, ranges[I - 1].first, ranges[I - 1].second);
+      initialise(o, c, t->named_weights(), *data.train, tok);
+      return t;
+    }
+  };
+  mpx::TrainOptions to;
+  to.lr = schedule_of(o, total);
+  to.weight_decay = o.weight_decay, to.beta1 = 0.9, to.beta2 = 0.95, to.eps = 1e-6;
+  to.clip_norm = o.clip;
+  to.lr_scale = {o.vision_lr_scale};  // stage 0 is the vision tower in every layout
+  to.checkpoint_all = o.checkpoint;
+  to.checkpoint_blocks = o.checkpoint_blocks;
+  if (o.checkpoint && o.checkpoint_blocks)
+    throw mpx::config_error("moondream_train: --checkpoint (whole stages) and --checkpoint-blocks exclude each other; keep one");
+  if (o.precision == "bf16") to.autocast = at::kBFloat16;
+  else if (o.precision != "fp32") throw mpx::config_error("moondream_train: --precision " + o.precision + " on CPU: use fp32 or bf16");
+  if (o.optimizer != "adamw8bit")  // the stages declare the recipe's Optimizer<AdamW8bit>; --optimizer adamw replaces it
+    to.make_optimizer = [&o](int, const std::vector<at::Tensor>& params) { return make_optimizer(o, params); };
+  auto input = [](const Batch& b) { return b.crops; };
+  mpx::Trainer<P, Batch> trainer(world, make, input, answer_loss, to);
+
+  const std::string save = o.save;
+  const std::string scratch = save.empty() ? (std::filesystem::temp_directory_path() / ("moondream_eval_" + std::to_string(env.master_port))).string() : save;
+  auto export_model = [&](const std::string& dir) {  // each stage of replica 0 writes its weights under global names
+    if (lead) std::filesystem::create_directories(dir);
+    store_barrier(world, "mkdir/" + dir, wo.timeout);
+    if (world.replica == 0)
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        ((trainer.holds(int(I)) ? (write_weights(dir + "/stage" + std::to_string(I) + ".safetensors", trainer.template module<int(I)>()->named_weights()), 0) : 0), ...);
+      }(std::make_index_sequence<P::num_stages>{});
+    store_barrier(world, "export/" + dir, wo.timeout);
+  };
+  auto eval = [&](const char* when) {
+    if (!data.eval || o.eval_samples <= 0) return;
+    const std::string dir = scratch + "/model";
+    export_model(dir);
+    if (lead) {
+      Moondream full(c);
+      assign(read_weights(dir, c), full->named_weights());
+      std::cout << "held-out accuracy " << when << ": " << describe(evaluate(full, *data.eval, tok, o.eval_samples)) << "\n" << std::flush;
+    }
+    store_barrier(world, std::string("eval/") + when + std::to_string(trainer.steps_done()), std::chrono::hours(2));
+  };
+  if (!o.resume.empty()) {
+    trainer.load(o.resume + "/checkpoint");
+    if (lead) std::cout << "resumed from " << o.resume << "/checkpoint at step " << trainer.steps_done() << "\n";
+  }
+  const long start = trainer.steps_done();
+  if (start == 0) eval("before training");
+  Progress prog;
+  prog.first_step = start;
+  const std::string metrics = !o.metrics.empty() ? o.metrics : save.empty() ? "" : save + "/metrics.jsonl";
+  if (lead) prog.open(metrics, start > 0);
+  auto checkpoint = [&] {
+    if (save.empty()) return;
+    trainer.save(save + "/checkpoint");
+    export_model(save + "/model");
+    if (lead) std::cout << "saved " << save << "/checkpoint and " << save << "/model at step " << trainer.steps_done() << "\n";
+  };
+  for (long step = start; step < total; ++step) {
+    auto idx = step_indices(data.train->size(), step, o.microbatches(), o.microbatch_size, world.replicas, world.replica, o.seed);
+    auto mbs = make_microbatches(*data.train, idx, tok, c);
+    const auto st = trainer.step(mbs);
+    if (std::getenv("MOONDREAM_PROFILE"))
+      std::cerr << fmt::format("rank {} step {}: {:.3f} s, compute {:.3f} s, waits {:.3f} s, schedule {:.3f} s, optimizer {:.3f} s\n", env.rank,
+                               step, st.seconds, st.compute_seconds, st.wait_seconds, st.schedule_seconds, st.optimizer_seconds);
+    if (lead) {
+      const long samples = long(o.microbatches()) * o.microbatch_size * world.replicas;
+      prog.record(step, total, st.loss, st.lr, st.grad_norm, st.seconds, samples, count_tokens(mbs, c) * world.replicas, st.skipped,
+                  !o.quiet && (step % o.log_every == 0 || step + 1 == total));
+    }
+    if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < total) checkpoint();
+  }
+  checkpoint();
+  eval("after training");
+  if (lead) {
+    const std::string plot = !o.plot.empty() ? o.plot : save.empty() ? "" : save + "/loss.svg";
+    write_plot(plot, prog.losses, start);
+    if (!plot.empty()) std::cout << "loss curve: " << plot << (metrics.empty() ? "" : ", metrics: " + metrics) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace moondream

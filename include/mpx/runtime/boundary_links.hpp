@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file runtime/boundary_links.hpp
+/// `BoundaryLinks`: this rank's ends of the pipeline channels, over its pipeline group. `post` posts the
+/// receive of one boundary value, `take` waits for it (the wait is the action's idle time), `send` starts
+/// one, `finish_sends` waits until every send of the step has completed. Over Gloo values travel packed,
+/// each channel's room (`ChannelSize`, per peer and channel, at both ends) advanced by `next_step` at every
+/// step's start; over NCCL as header + payloads, a `Receiver` thread posting payloads as headers land.
+/// Every failure here — a dead or silent peer, a message that breaks the boundary — is a `peer_error`.
+
+#include <mpx/runtime/errors.hpp>  // mpx::peer_error
+#include <mpx/runtime/wire.hpp>    // mpx::send_tensors, mpx::post_recv, mpx::finish_recv, mpx::Receiver
+#include <mpx/runtime/world.hpp>   // mpx::World
+
+#include <chrono>   // std::chrono::steady_clock
+#include <map>      // std::map
+#include <memory>   // std::unique_ptr
+#include <string>   // std::string
+#include <utility>  // std::pair
+#include <vector>   // std::vector
+
+namespace mpx
+{
+
+class BoundaryLinks
+{
+ public:
+  using clock = std::chrono::steady_clock;
+
+  explicit BoundaryLinks(World& w)
+      : pp_(w.pp), comm_(w.comm_device), timeout_(w.timeout),
+        receiver_(packing() ? nullptr : std::make_unique<Receiver>(w.pp, w.timeout))
+  {
+  }
+
+  /// Over Gloo (CPU messages) values travel packed; over NCCL as header + payloads.
+  bool packing() const { return comm_.is_cpu(); }
+
+  /// At a step's start: each channel's room becomes the largest payload of the steps before.
+  void next_step()
+  {
+    for (auto* sizes : {&sent_, &received_})
+      for (auto& [key, size] : *sizes) size.next_step();
+  }
+
+  /// Posts the receive of one value from slot `src` on `channel`.
+  std::unique_ptr<PendingRecv> post(int src, int channel, Expect e, std::string what)
+  {
+    auto r = std::make_unique<PendingRecv>();
+    guarded([&] { post_recv(*r, pp_, src, channel, std::move(e), std::move(what), comm_, size_of(received_, src, channel)); });
+    if (receiver_) receiver_->add(r.get());
+    return r;
+  }
+
+  /// Waits for a posted receive and returns its tensors (gradients: checked against the activations
+  /// `like`); adds the time waited to `waited`.
+  std::vector<at::Tensor> take(std::unique_ptr<PendingRecv>& r, clock::duration& waited, const std::vector<at::Tensor>& like = {})
+  {
+    const auto w0 = clock::now();
+    std::vector<at::Tensor> out;
+    guarded([&] {
+      if (receiver_) receiver_->await(*r);
+      out = finish_recv(pp_, *r, timeout_, like);
+    });
+    r.reset();
+    waited += clock::now() - w0;
+    return out;
+  }
+
+  /// Starts sending one value (or its gradients) to slot `dst`; `what` names it in errors.
+  void send(int dst, int channel, int stage, int mb, bool gradient, const std::vector<at::Tensor>& ts, at::ScalarType wire, std::string what)
+  {
+    guarded([&] {
+      sends_.push_back(send_tensors(pp_, dst, channel, stage, mb, gradient, ts, wire, std::move(what), comm_, size_of(sent_, dst, channel)));
+    });
+  }
+
+  /// Waits until every send started since the last call has completed.
+  void finish_sends()
+  {
+    for (auto& s : sends_)
+      for (auto& wk : s.works) {
+        try {
+          wk->wait(timeout_);
+        } catch (const std::exception& e) {
+          sends_.clear();
+          throw peer_error(s.what + ": the send did not complete: " + e.what());
+        }
+      }
+    sends_.clear();
+  }
+
+ private:
+  /// Runs `f`; any failure but a configuration error becomes a peer_error.
+  template <class F>
+  static void guarded(F&& f)
+  {
+    try {
+      f();
+    } catch (const peer_error&) {
+      throw;
+    } catch (const config_error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw peer_error(e.what());
+    }
+  }
+
+  ChannelSize* size_of(std::map<std::pair<int, int>, ChannelSize>& sizes, int peer, int channel)
+  {
+    return packing() ? &sizes[{peer, channel}] : nullptr;
+  }
+
+  ProcessGroupPtr pp_;
+  torch::Device comm_;
+  std::chrono::milliseconds timeout_;
+  std::map<std::pair<int, int>, ChannelSize> sent_, received_;  // per (peer slot, channel): the room for packed payloads
+  std::vector<PendingSend> sends_;
+  std::unique_ptr<Receiver> receiver_;  // last: stops before the receives it points at are gone
+};
+
+}  // namespace mpx

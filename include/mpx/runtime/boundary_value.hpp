@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file runtime/boundary_value.hpp
+/// A boundary value (a tensor, or a Hana struct of tensors: boundary.hpp) as the runtime handles it: a
+/// list of tensors in member order. `flatten` and `unflatten` convert; `field_names` names the members for
+/// error messages. A batch (a Hana struct of tensors too) is handled the same way.
+
+#include <mpx/torch/tensor.hpp>  // at::Tensor as TensorLike
+
+#include <boost/hana/define_struct.hpp>  // BOOST_HANA_DEFINE_STRUCT: how a user declares a boundary or batch type
+
+#include <boost/hana/accessors.hpp>  // boost::hana::accessors
+#include <boost/hana/first.hpp>      // boost::hana::first
+#include <boost/hana/for_each.hpp>   // boost::hana::for_each
+#include <boost/hana/second.hpp>     // boost::hana::second
+
+#include <string>       // std::string
+#include <type_traits>  // std::is_same_v
+#include <vector>       // std::vector
+
+namespace mpx::detail
+{
+
+/// A boundary value as a list of tensors, in member order.
+template <class T>
+std::vector<at::Tensor> flatten(const T& v)
+{
+  if constexpr (std::is_same_v<std::remove_cvref_t<T>, at::Tensor>) {
+    return {v};
+  } else {
+    std::vector<at::Tensor> out;
+    boost::hana::for_each(boost::hana::accessors<T>(), [&](auto p) { out.push_back(boost::hana::second(p)(v)); });
+    return out;
+  }
+}
+
+/// The inverse of `flatten`.
+template <class T>
+T unflatten(const std::vector<at::Tensor>& ts)
+{
+  if constexpr (std::is_same_v<std::remove_cvref_t<T>, at::Tensor>) {
+    return ts.at(0);
+  } else {
+    T v{};
+    std::size_t i = 0;
+    boost::hana::for_each(boost::hana::accessors<T>(), [&](auto p) { boost::hana::second(p)(v) = ts.at(i++); });
+    return v;
+  }
+}
+
+/// Member names of a boundary type, for error messages.
+template <class T>
+std::vector<std::string> field_names()
+{
+  if constexpr (std::is_same_v<std::remove_cvref_t<T>, at::Tensor>) {
+    return {"tensor"};
+  } else {
+    std::vector<std::string> out;
+    boost::hana::for_each(boost::hana::accessors<T>(), [&](auto p) {
+      out.emplace_back(std::remove_cvref_t<decltype(boost::hana::first(p))>::c_str());
+    });
+    return out;
+  }
+}
+
+}  // namespace mpx::detail

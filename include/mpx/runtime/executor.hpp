@@ -1,0 +1,254 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file runtime/executor.hpp
+/// `Executor<P, Batch>`: walks this rank's compile-time action list for one step. Receives are posted as
+/// far ahead as the table says, sends leave right after the compute that produced them, and a compute
+/// waits only for the data it needs (the wait is its idle time). Channels and peers come from
+/// channels.hpp, the same functions the proof uses. It knows nothing of optimizers or loss scaling: the
+/// caller gives the loss's gradient seed, and hears through `stage_done(s)` when stage s's last backward
+/// of the step is done (data parallelism starts its buckets there). A failure is reported where it
+/// happened: a `peer_error` for what came from the wire, a `stage_error` for the stage's own code, both
+/// naming rank, step, action and, for a peer error, the peer.
+
+#include <mpx/action.hpp>                  // mpx::Action, mpx::expand, mpx::op_name
+#include <mpx/channels.hpp>                // mpx::channel_of, mpx::peer_stage, mpx::message_stage
+#include <mpx/pipeline.hpp>                // mpx::PipelineType
+#include <mpx/runtime/activation_checkpoint.hpp>  // mpx::BlockBoundaries
+#include <mpx/runtime/backward.hpp>        // mpx::full_backward, input_backward, weight_backward
+#include <mpx/runtime/boundary_links.hpp>  // mpx::BoundaryLinks
+#include <mpx/runtime/errors.hpp>          // mpx::peer_error, mpx::stage_error
+#include <mpx/runtime/stage_set.hpp>       // mpx::StageSet
+#include <mpx/runtime/trace.hpp>           // mpx::TraceRecorder
+#include <mpx/runtime/world.hpp>           // mpx::World
+
+#include <algorithm>   // std::fill
+#include <chrono>      // std::chrono::steady_clock
+#include <functional>  // std::function
+#include <memory>      // std::unique_ptr
+#include <string>      // std::string
+#include <vector>      // std::vector
+
+namespace mpx
+{
+
+template <PipelineType P, class Batch>
+class Executor
+{
+  static constexpr int N = P::num_stages;
+  static constexpr int M = P::num_microbatches;
+  using clock = std::chrono::steady_clock;
+
+ public:
+  using Input = typename P::template input_of<0>;
+  using Output = typename P::template output_of<N - 1>;
+  using InputFn = std::function<Input(const Batch&)>;
+  using LossFn = std::function<at::Tensor(const Output&, const Batch&)>;
+
+  /// What one walk measured.
+  struct Walk
+  {
+    at::Tensor loss_sum;  ///< this replica's summed loss / m, in double, on the device (last stage only)
+    double compute_seconds = 0, wait_seconds = 0;
+  };
+
+  Executor(World& w, StageSet<P>& stages, InputFn input, LossFn loss)
+      : w_(w), stages_(stages), input_(std::move(input)), loss_(std::move(loss)), actions_(expand(P::make_table(), w.slot)),
+        state_(std::size_t(N) * M), links_(w)
+  {
+    for (const auto& a : actions_) split_ = split_ || a.op == Op::W;
+  }
+
+  /// Runs step `step`'s actions on `mbs` (on the device). The last stage seeds its backward with
+  /// `loss_seed` (the loss scale); `stage_done(s)` runs after stage s's last backward.
+  template <class StageDone>
+  Walk walk(const std::vector<Batch>& mbs, double loss_seed, long step, TraceRecorder* trace, StageDone&& stage_done)
+  {
+    Walk out;
+    step_ = step;
+    seed_ = loss_seed;
+    std::fill(backward_left_.begin(), backward_left_.end(), M);
+    links_.next_step();  // a step's messages pack into the room its channels had before it
+    if (trace) trace->clear();
+    const auto t0 = clock::now();
+    for (std::size_t k = 0; k < actions_.size(); ++k) {
+      const Action a = actions_[k];
+      const auto a0 = clock::now();
+      wait_ = {};
+      run_reporting(a, k, mbs, out.loss_sum, stage_done);
+      const auto a1 = clock::now();
+      if (is_compute(a.op)) out.compute_seconds += seconds(a1 - a0 - wait_), out.wait_seconds += seconds(wait_);
+      if (trace) trace->record(a, us(a0 - t0), us(a1 - a0), us(wait_));
+    }
+    links_.finish_sends();
+    return out;
+  }
+
+  bool splits_backward() const { return split_; }
+  const std::vector<Action>& actions() const { return actions_; }
+
+ private:
+  /// What one (stage, micro-batch) holds between its forward and its backward.
+  struct MicroState
+  {
+    std::vector<at::Tensor> inputs, outputs, grads, input_grads;
+    std::vector<at::Tensor> bounds, bound_grads;  // block boundaries and their gradients (split backward only)
+    at::Tensor loss;
+    std::unique_ptr<PendingRecv> recv_f, recv_b;  // not movable: the receiver thread points at them
+  };
+
+  static double seconds(clock::duration d) { return std::chrono::duration<double>(d).count(); }
+  static long us(clock::duration d) { return long(std::chrono::duration_cast<std::chrono::microseconds>(d).count()); }
+
+  template <class StageDone>
+  void run_reporting(Action a, std::size_t k, const std::vector<Batch>& mbs, at::Tensor& loss_sum, StageDone& stage_done)
+  {
+    try {
+      run(a, k, mbs[a.mb], loss_sum, stage_done);
+    } catch (const config_error&) {
+      throw;
+    } catch (const peer_error& e) {
+      throw peer_error(context(a, k, true) + ": " + e.what());
+    } catch (const std::exception& e) {
+      throw stage_error(context(a, k, false) + ": stage " + std::to_string(a.stage) + " failed: " + e.what());
+    }
+  }
+
+  template <class StageDone>
+  void run(Action a, std::size_t k, const Batch& b, at::Tensor& loss_sum, StageDone& stage_done)
+  {
+    const int s = a.stage;
+    MicroState& st = state_[std::size_t(s) * M + a.mb];
+    switch (a.op) {
+      case Op::RecvF: st.recv_f = post(a, k); break;
+      case Op::RecvB: st.recv_b = post(a, k); break;
+      case Op::F: forward(a, st, b, loss_sum); break;
+      case Op::SendF: send(a, k, st.outputs); break;
+      case Op::B:
+        st.input_grads = full_backward(st, a);
+        done(s, stage_done);
+        st.outputs.clear();
+        st.loss = at::Tensor();
+        break;
+      case Op::I: input_backward(st, a); break;
+      case Op::W:
+        weight_backward(st.outputs, st.grads, st.bounds, st.bound_grads, stages_.trainable(s));
+        st.outputs.clear();
+        st.grads.clear();
+        st.bounds.clear();
+        st.bound_grads.clear();
+        st.loss = at::Tensor();
+        done(s, stage_done);
+        break;
+      case Op::SendB:
+        send(a, k, st.input_grads);
+        st.inputs.clear();
+        st.input_grads.clear();
+        break;
+    }
+    if ((a.op == Op::B || a.op == Op::W) && s == 0) st.inputs.clear();
+  }
+
+  void forward(Action a, MicroState& st, const Batch& b, at::Tensor& loss_sum)
+  {
+    const int s = a.stage;
+    if (s == 0) {
+      st.inputs = detail::flatten(input_(b));
+      for (auto& x : st.inputs) x = x.to(w_.device);
+    } else {
+      st.inputs = links_.take(st.recv_f, wait_);
+      for (auto& x : st.inputs)
+        if (x.defined()) {
+          const bool g = x.requires_grad();
+          x = x.to(w_.device).detach().requires_grad_(g);
+        }
+    }
+    torch::AutoGradMode enable(true);
+    std::vector<at::Tensor> bounds;  // under a split backward: the blocks' boundaries, for the W pass
+    {
+      BlockBoundaries capture(split_ ? &bounds : nullptr);
+      st.outputs = stages_.forward(s, st.inputs, b);
+    }
+    st.bounds = detail::usable_boundaries(bounds, st.outputs);
+    if (s == N - 1) {
+      st.loss = loss_(detail::unflatten<Output>(st.outputs), b) / double(M);
+      // in double, as the host sum was: the same loss on every device and in every test
+      loss_sum = loss_sum.defined() ? loss_sum + st.loss.detach().to(at::kDouble) : st.loss.detach().to(at::kDouble);
+    }
+  }
+
+  /// The outputs a backward starts from and their gradients: the loss and the seed on the last stage, else
+  /// the outputs that carry a gradient and the gradients received for them.
+  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> backward_seeds(MicroState& st, Action a)
+  {
+    if (a.stage == N - 1) return {{st.loss}, {torch::full_like(st.loss, seed_)}};  // d(seed * loss)
+    std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> out;
+    auto g = links_.take(st.recv_b, wait_, st.outputs);
+    for (std::size_t i = 0; i < st.outputs.size() && i < g.size(); ++i)
+      if (g[i].defined() && st.outputs[i].requires_grad()) {
+        out.first.push_back(st.outputs[i]);
+        out.second.push_back(g[i].to(w_.device).to(st.outputs[i].scalar_type()));
+      }
+    return out;
+  }
+
+  std::vector<at::Tensor> full_backward(MicroState& st, Action a)
+  {
+    auto [outs, grads] = backward_seeds(st, a);
+    return mpx::full_backward(outs, grads, st.inputs);
+  }
+
+  void input_backward(MicroState& st, Action a)
+  {
+    auto [outs, grads] = backward_seeds(st, a);
+    auto g = mpx::input_backward(outs, grads, st.inputs, st.bounds);
+    st.input_grads = std::move(g.inputs);
+    st.bound_grads = std::move(g.bounds);
+    st.outputs = std::move(outs);
+    st.grads = std::move(grads);
+  }
+
+  template <class StageDone>
+  void done(int s, StageDone& stage_done)
+  {
+    if (--backward_left_[std::size_t(s)] == 0) stage_done(s);
+  }
+
+  std::unique_ptr<PendingRecv> post(Action a, std::size_t k)
+  {
+    const int ch = channel_of(a.op, a.stage), from = P::slots[peer_stage(a.op, a.stage, N)], ms = message_stage(ch);
+    const bool grad = is_gradient_channel(ch);
+    Expect e{ms, int(a.mb), grad, stages_.input_names(ms), (grad ? "gradients of " : "") + stages_.input_type(ms)};
+    return links_.post(from, ch, std::move(e), context(a, k, true));
+  }
+
+  void send(Action a, std::size_t k, const std::vector<at::Tensor>& ts)
+  {
+    const int ch = channel_of(a.op, a.stage), to = P::slots[peer_stage(a.op, a.stage, N)];
+    links_.send(to, ch, message_stage(ch), int(a.mb), is_gradient_channel(ch), ts, StageSet<P>::wire_dtype(ch / 2), context(a, k, true));
+  }
+
+  /// "mpx: rank 1 (slot 1, replica 0), step 2, action 7 F3 of stage 1, peer rank 0".
+  std::string context(Action a, std::size_t k, bool with_peer) const
+  {
+    const int peer = peer_stage(a.op, a.stage, N);
+    return "mpx: rank " + std::to_string(w_.env.rank) + " (slot " + std::to_string(w_.slot) + ", replica " + std::to_string(w_.replica) +
+           "), step " + std::to_string(step_) + ", action " + std::to_string(k) + " " + op_name(a.op) + std::to_string(a.mb) +
+           " of stage " + std::to_string(a.stage) +
+           (with_peer && peer >= 0 ? ", peer rank " + std::to_string(w_.global_rank(w_.replica, P::slots[peer])) : std::string());
+  }
+
+  World& w_;
+  StageSet<P>& stages_;
+  InputFn input_;
+  LossFn loss_;
+  std::vector<Action> actions_;
+  std::vector<MicroState> state_;
+  BoundaryLinks links_;  // after state_: its receiver thread stops before the receives it points at are gone
+  std::vector<int> backward_left_ = std::vector<int>(N, M);
+  clock::duration wait_{};  // the running action's wait for received data
+  double seed_ = 1;
+  long step_ = 0;
+  bool split_ = false;  // this rank's schedule splits backward into I and W (ZB-H1)
+};
+
+}  // namespace mpx

@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file runtime/grad_stats.hpp
+/// The end of a step's arithmetic over gradients: `unscale` divides them by the loss scale, `local_grad_sq`
+/// sums their squares on this rank, `reduce_step` is the step's one collective over the whole world — the
+/// loss (last stage, mean over replicas), the squared global gradient norm (each stage counted once per
+/// replica: replicas hold equal gradients after their all-reduce) and the number of ranks that saw an
+/// inf/NaN, so that every rank makes the same skip decision — and `clip` scales the gradients so that the
+/// global norm is at most the limit. Gradients are given per stage, as lists of parameters.
+
+#include <mpx/runtime/errors.hpp>  // mpx::peer_error
+#include <mpx/runtime/world.hpp>   // mpx::World
+
+#include <torch/torch.h>  // torch::stack, torch::zeros
+
+#include <cmath>   // std::isfinite, std::sqrt
+#include <limits>  // std::numeric_limits
+#include <string>  // std::string
+#include <vector>  // std::vector
+
+namespace mpx
+{
+
+using StageParameters = std::vector<std::vector<at::Tensor>>;  ///< per stage this rank holds, its parameters
+
+/// Divides every gradient by `scale` (the loss scale), in place.
+inline void unscale(const StageParameters& stages, double scale)
+{
+  for (auto& ps : stages)
+    for (auto& p : ps)
+      if (p.grad().defined()) p.mutable_grad().mul_(1.0 / scale);
+}
+
+/// Sum of squares of this rank's gradients (fp32 norms, squared and summed in double; one host sync). An
+/// inf/NaN anywhere makes it inf/NaN, so one pass finds both.
+inline double local_grad_sq(const StageParameters& stages)
+{
+  std::vector<at::Tensor> norms;
+  for (auto& ps : stages)
+    for (auto& p : ps)
+      if (p.grad().defined()) norms.push_back(p.grad().norm());
+  return norms.empty() ? 0.0 : torch::stack(norms).to(at::kDouble).pow(2).sum().template item<double>();
+}
+
+/// What the step's collective agreed on, the same on every rank.
+struct StepReduction
+{
+  double loss = 0;          ///< mean loss over the global batch
+  double grad_norm = 0;     ///< global gradient norm (inf when some rank saw inf/NaN)
+  bool found_inf = false;   ///< some rank's gradients were not finite
+};
+
+/// The step's one all-reduce over the world (see the file comment). `loss_sum` is this replica's summed
+/// loss (defined on the last stage's rank only), `sq` this rank's `local_grad_sq`; `step` names the step in
+/// errors.
+inline StepReduction reduce_step(World& w, const at::Tensor& loss_sum, double sq, long step)
+{
+  const bool found_inf = !std::isfinite(sq);
+  auto red = torch::zeros({3}, torch::kDouble);
+  red[0] = loss_sum.defined() ? loss_sum.template item<double>() / w.replicas : 0.0;
+  red[1] = found_inf ? 0.0 : sq / w.replicas;
+  red[2] = found_inf ? 1.0 : 0.0;
+  std::vector<at::Tensor> rv{red};
+  try {
+    w.world->allreduce(rv)->wait(w.timeout);
+  } catch (const std::exception& e) {
+    throw peer_error("mpx: rank " + std::to_string(w.env.rank) + ", step " + std::to_string(step) +
+                     ", the end-of-step all-reduce (loss, gradient norm): a peer did not arrive: " + e.what());
+  }
+  StepReduction r;
+  r.loss = red[0].template item<double>();
+  r.found_inf = red[2].template item<double>() > 0;
+  r.grad_norm = r.found_inf ? std::numeric_limits<double>::infinity() : std::sqrt(red[1].template item<double>());
+  return r;
+}
+
+/// Scales every gradient so that the global norm `norm` becomes at most `limit` (0: no clipping).
+inline void clip(const StageParameters& stages, double norm, double limit)
+{
+  if (limit <= 0 || norm <= limit) return;
+  const double c = limit / (norm + 1e-6);
+  for (auto& ps : stages)
+    for (auto& p : ps)
+      if (p.grad().defined()) p.mutable_grad().mul_(c);
+}
+
+}  // namespace mpx

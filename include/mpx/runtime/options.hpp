@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file runtime/options.hpp
+/// A run's configuration (`TrainOptions`) and what one step reports (`StepStats`). Configuration only: the
+/// running state — the loss scale, the step count, the optimizers' moments — lives in the trainer.
+///
+/// Defaults, where they differ from LibTorch's own: AdamW's weight decay is 0 here (LibTorch: 0.01), so a
+/// stage trains the same under AdamW and AdamW8bit unless decay is asked for; the learning rate is a
+/// constant 1e-3 (`WarmupCosine{1e-3, 0, 1, 1.0}`).
+
+#include <mpx/runtime/lr.hpp>         // mpx::WarmupCosine
+#include <mpx/runtime/precision.hpp>  // mpx::LossScaling
+
+#include <torch/optim/optimizer.h>  // torch::optim::Optimizer
+
+#include <cstddef>     // std::size_t
+#include <functional>  // std::function
+#include <memory>      // std::unique_ptr
+#include <optional>    // std::optional
+#include <vector>      // std::vector
+
+namespace mpx
+{
+
+/// Training hyper-parameters of a run.
+struct TrainOptions
+{
+  WarmupCosine lr{1e-3, 0, 1, 1.0};  ///< default: constant 1e-3
+  /// Per-stage multipliers of the learning rate (stage s steps with lr × lr_scale[s]; missing: 1), e.g. a
+  /// faster vision tower trained from scratch beside a text decoder, or a slower one being fine-tuned.
+  std::vector<double> lr_scale;
+  double weight_decay = 0.0;                       ///< AdamW, AdamW8bit and SGD (LibTorch's AdamW: 0.01)
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  ///< AdamW, AdamW8bit
+  double momentum = 0.0;                           ///< SGD
+  double clip_norm = 0.0;                          ///< global gradient-norm clipping; 0: off
+  std::size_t bucket_bytes = std::size_t(25) << 20;  ///< data-parallel all-reduce bucket size
+  bool trace = false;                              ///< record every action for `write_trace`
+  LossScaling scaler{};                            ///< dynamic loss scaling (off by default; for fp16)
+  /// Called on every rank after the gradients are complete (reduced over replicas, still scaled by the
+  /// loss scale) and before the inf/NaN check: inspect or edit them. `params` are stage `stage`'s.
+  std::function<void(int stage, long step, const std::vector<at::Tensor>& params)> before_optimizer;
+  /// Run-time choices for programs that offer them as flags; each adds to what the stage policies say.
+  bool checkpoint_all = false;                 ///< checkpoint every stage, as if each had mpx::Checkpointed
+  bool checkpoint_blocks = false;              ///< checkpoint every stage's blocks, as if each had mpx::CheckpointBlocks
+  std::optional<at::ScalarType> autocast;      ///< autocast every stage's forward (kBFloat16, kHalf) unless its policy says otherwise
+  /// Builds stage `stage`'s optimizer over its trainable parameters instead of its Optimizer policy
+  /// (return nullptr to keep the policy's).
+  std::function<std::unique_ptr<torch::optim::Optimizer>(int stage, const std::vector<at::Tensor>& params)> make_optimizer;
+};
+
+/// What one step measured on this rank.
+struct StepStats
+{
+  double loss = 0;            ///< mean loss over the global batch (all replicas), on every rank
+  double grad_norm = 0;       ///< global gradient norm before clipping (inf for a skipped step)
+  double lr = 0;
+  double seconds = 0;         ///< wall time of the step on this rank
+  double compute_seconds = 0; ///< time in forward/backward on this rank, less their waits for received data
+  double wait_seconds = 0;    ///< time forward/backward waited for their received activations or gradients
+  double schedule_seconds = 0;  ///< time walking the schedule's actions (the rest: reductions, optimizer)
+  bool skipped = false;         ///< an inf/NaN gradient on some rank: no rank stepped its optimizer
+  double loss_scale = 1;        ///< the loss scale used by this step
+  double optimizer_seconds = 0; ///< time in the optimizers' steps
+
+  /// Measured idle fraction: 1 - compute / wall (waits for data are idle).
+  double bubble() const { return seconds > 0 ? 1.0 - compute_seconds / seconds : 0.0; }
+};
+
+}  // namespace mpx

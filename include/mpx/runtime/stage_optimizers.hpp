@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file runtime/stage_optimizers.hpp
+/// `StageOptimizers`: one optimizer per trainable stage this rank holds, as one object (torchtitan's
+/// OptimizersContainer). Each is built over the stage's trainable parameters from its `Optimizer<O>` policy
+/// (AdamW when it has none; none for a `Frozen` stage or one without trainable parameters), or by
+/// `TrainOptions::make_optimizer`. `step(lr)` steps every stage at lr × its `lr_scale`; `zero` zeroes the
+/// gradients in place (the next backward accumulates into warm buffers); `save` / `load` write and read one
+/// stage's optimizer state.
+
+#include <mpx/optim/adamw8bit.hpp>       // mpx::AdamW8bitOptimizer
+#include <mpx/pipeline.hpp>              // mpx::PipelineType
+#include <mpx/runtime/errors.hpp>        // mpx::config_error
+#include <mpx/runtime/options.hpp>       // mpx::TrainOptions
+#include <mpx/runtime/stage_set.hpp>     // mpx::StageSet
+
+#include <torch/torch.h>  // torch::optim, torch::serialize
+
+#include <memory>  // std::unique_ptr
+#include <string>  // std::string
+#include <vector>  // std::vector
+
+namespace mpx
+{
+
+class StageOptimizers
+{
+ public:
+  /// Builds the optimizers of `stages`' stages (see the file comment).
+  template <PipelineType P>
+  StageOptimizers(StageSet<P>& stages, const TrainOptions& o) : lr_scale_(o.lr_scale)
+  {
+    optimizers_.resize(P::num_stages);
+    params_.resize(P::num_stages);
+    for (int s = 0; s < P::num_stages; ++s) {
+      if (!stages.holds(s)) continue;
+      params_[std::size_t(s)] = stages.parameters(s);
+      StageSet<P>::visit(s, [&](auto i) { optimizers_[std::size_t(s)] = make<P, decltype(i)::value>(stages.trainable(s), o); });
+    }
+  }
+
+  /// Whether stage s has an optimizer on this rank.
+  bool has(int s) const { return optimizers_.at(std::size_t(s)) != nullptr; }
+  torch::optim::Optimizer& at(int s) { return *optimizers_.at(std::size_t(s)); }
+
+  /// Steps every stage's optimizer at `lr` × the stage's scale.
+  void step(double lr)
+  {
+    for (std::size_t s = 0; s < optimizers_.size(); ++s) {
+      auto& opt = optimizers_[s];
+      if (!opt) continue;
+      const double scale = s < lr_scale_.size() ? lr_scale_[s] : 1.0;
+      for (auto& g : opt->param_groups()) g.options().set_lr(lr * scale);
+      opt->step();
+    }
+  }
+
+  /// Zeroes every gradient of this rank's stages in place (frozen ones included: a user may have set one).
+  void zero()
+  {
+    for (auto& ps : params_)
+      for (auto& p : ps)
+        if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+
+  /// Writes stage s's optimizer state to `path` (nothing when it has none).
+  void save(int s, const std::string& path)
+  {
+    if (!has(s)) return;
+    torch::serialize::OutputArchive ar;
+    optimizers_[std::size_t(s)]->save(ar);
+    ar.save_to(path);
+  }
+
+  /// Reads stage s's optimizer state from `path`; an error names the file.
+  void load(int s, const std::string& path)
+  {
+    if (!has(s)) return;
+    try {
+      torch::serialize::InputArchive ar;
+      ar.load_from(path);
+      optimizers_[std::size_t(s)]->load(ar);
+    } catch (const std::exception& e) {
+      throw config_error("mpx: cannot restore the optimizer state from " + path + " (" + e.what() + "); the checkpoint is incomplete or corrupt");
+    }
+  }
+
+ private:
+  template <PipelineType P, int I>
+  static std::unique_ptr<torch::optim::Optimizer> make(const std::vector<at::Tensor>& trainable, const TrainOptions& o)
+  {
+    using S = typename P::template stage<I>;
+    if (trainable.empty() || S::frozen) return nullptr;
+    if (o.make_optimizer)
+      if (auto custom = o.make_optimizer(I, trainable)) return custom;
+    using O = typename S::optimizer;
+    const auto adamw = torch::optim::AdamWOptions(o.lr.peak).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay);
+    if constexpr (std::is_same_v<O, SGD>)
+      return std::make_unique<torch::optim::SGD>(trainable, torch::optim::SGDOptions(o.lr.peak).momentum(o.momentum).weight_decay(o.weight_decay));
+    else if constexpr (std::is_same_v<O, AdamW8bit>)
+      return std::make_unique<AdamW8bitOptimizer>(trainable, adamw);
+    else  // AdamW, also the default for a trainable stage without an Optimizer policy
+      return std::make_unique<torch::optim::AdamW>(trainable, adamw);
+  }
+
+  std::vector<double> lr_scale_;
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers_;
+  std::vector<std::vector<at::Tensor>> params_;
+};
+
+}  // namespace mpx

@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file runtime/stage_set.hpp
+/// `StageSet<P>`: this rank's stages of pipeline P. It builds the modules of the stages its slot holds
+/// (and only those) on the rank's device, freezes `Frozen` stages, and runs a stage's forward as the
+/// stage's policies say: under autocast (`Precision<BF16>` / `Precision<FP16>`, or the run's
+/// `TrainOptions::autocast`), activation-checkpointed (`Checkpointed`, or `checkpoint_all`), with block
+/// checkpointing on (`CheckpointBlocks`, or `checkpoint_blocks`). `visit` is the one place a run-time stage
+/// index becomes a compile-time one. It knows nothing of schedules, messages or optimizers.
+
+#include <mpx/pipeline.hpp>                       // mpx::PipelineType
+#include <mpx/runtime/activation_checkpoint.hpp>  // mpx::checkpoint, mpx::BlockCheckpointing
+#include <mpx/runtime/boundary_value.hpp>         // mpx::detail::flatten, unflatten, field_names
+#include <mpx/runtime/errors.hpp>                 // mpx::config_error
+#include <mpx/runtime/options.hpp>                // mpx::TrainOptions
+#include <mpx/runtime/precision.hpp>              // mpx::AutocastGuard
+
+#include <torch/torch.h>  // torch::nn::Module, torch::Device
+
+#include <map>       // std::map
+#include <optional>  // std::optional
+#include <string>    // std::string
+#include <tuple>     // std::tuple
+#include <utility>   // std::index_sequence
+#include <vector>    // std::vector
+
+namespace mpx
+{
+
+template <PipelineType P>
+class StageSet
+{
+  static constexpr int N = P::num_stages;
+
+ public:
+  template <int I>
+  using module_t = typename P::template stage<I>::module;
+
+  /// Calls `f(std::integral_constant<int, I>{})` for I == s: the one run-time to compile-time dispatch.
+  template <class F>
+  static void visit(int s, F&& f)
+  {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((int(I) == s ? (f(std::integral_constant<int, int(I)>{}), 0) : 0), ...);
+    }(std::make_index_sequence<N>{});
+  }
+
+  /// Builds the stages slot `slot` holds with `make(std::integral_constant<int, I>{})`, on `device`.
+  template <class Make>
+  StageSet(int slot, torch::Device device, Make& make, const TrainOptions& o)
+      : slot_(slot), device_(device), checkpoint_all_(o.checkpoint_all), checkpoint_blocks_(o.checkpoint_blocks), autocast_(o.autocast)
+  {
+    for (int s = 0; s < N; ++s) mine_.push_back(P::slots[s] == slot);
+    params_.resize(N);
+    names_.resize(N);
+    boundaries_.resize(N);
+    for (int s = 0; s < N; ++s) visit(s, [&](auto i) { build<decltype(i)::value>(make); });
+  }
+
+  bool holds(int s) const { return mine_.at(std::size_t(s)); }
+  /// This rank's parameters of stage `s` (empty if the stage lives elsewhere), in module order.
+  const std::vector<at::Tensor>& parameters(int s) const { return params_.at(std::size_t(s)); }
+  /// Those of them that train (none for a `Frozen` stage).
+  std::vector<at::Tensor> trainable(int s) const
+  {
+    std::vector<at::Tensor> out;
+    for (auto& p : params_[std::size_t(s)])
+      if (p.requires_grad()) out.push_back(p);
+    return out;
+  }
+
+  /// This rank's module of stage I (a `config_error` if stage I lives on another slot).
+  template <int I>
+  module_t<I>& module()
+  {
+    if (!mine_[std::size_t(I)])
+      throw config_error("mpx: Trainer::module<" + std::to_string(I) + ">: stage " + std::to_string(I) + " lives on slot " +
+                         std::to_string(P::slots[I]) + ", this rank is slot " + std::to_string(slot_) + "; ask holds(" + std::to_string(I) +
+                         ") first");
+    return *std::get<I>(modules_);
+  }
+
+  /// Stage s's forward on a list of input tensors (its input boundary, flattened); `b` is the micro-batch,
+  /// for stages whose forward reads it.
+  template <class Batch>
+  std::vector<at::Tensor> forward(int s, const std::vector<at::Tensor>& in, const Batch& b)
+  {
+    std::vector<at::Tensor> out;
+    visit(s, [&](auto i) { out = forward_one<decltype(i)::value>(in, b); });
+    return out;
+  }
+
+  /// Stage s's parameters and buffers by their module names, aliasing the module's tensors.
+  std::map<std::string, at::Tensor> state(int s)
+  {
+    std::map<std::string, at::Tensor> out;
+    visit(s, [&](auto i) {
+      auto& m = impl(*std::get<decltype(i)::value>(modules_));
+      for (auto& p : m.named_parameters()) out[p.key()] = p.value();
+      for (auto& b : m.named_buffers()) out[buffer_prefix + b.key()] = b.value();
+    });
+    return out;
+  }
+  static constexpr const char* buffer_prefix = "buffer.";
+
+  /// The dtype stage s's output travels in (its WireCompression policy; kFloat: as it is).
+  static at::ScalarType wire_dtype(int s)
+  {
+    at::ScalarType w = at::kFloat;
+    visit(s, [&](auto i) {
+      using Wt = typename P::template stage<decltype(i)::value>::wire;
+      if constexpr (std::is_same_v<Wt, BF16>) w = at::kBFloat16;
+      else if constexpr (std::is_same_v<Wt, FP16>) w = at::kHalf;
+    });
+    return w;
+  }
+  /// Field names and type name of stage s's input boundary, for error messages.
+  const std::vector<std::string>& input_names(int s) const { return names_[std::size_t(s)]; }
+  const std::string& input_type(int s) const { return boundaries_[std::size_t(s)]; }
+
+ private:
+  template <std::size_t... I>
+  static auto modules_tuple(std::index_sequence<I...>) -> std::tuple<std::optional<module_t<int(I)>>...>;
+  using Modules = decltype(modules_tuple(std::make_index_sequence<N>{}));
+
+  template <int I, class Make>
+  void build(Make& make)
+  {
+    names_[I] = detail::field_names<typename P::template input_of<I>>();
+    boundaries_[I] = std::string(detail::type_name<typename P::template input_of<I>>());
+    if (!mine_[I]) return;
+    auto& m = std::get<I>(modules_);
+    m.emplace(make(std::integral_constant<int, I>{}));
+    auto& mod = impl(*m);
+    mod.to(device_);
+    for (auto& p : mod.parameters()) {
+      if (P::template stage<I>::frozen) p.requires_grad_(false);
+      params_[I].push_back(p);
+    }
+  }
+
+  template <class Mod>
+  static torch::nn::Module& impl(Mod& m)
+  {
+    if constexpr (requires { m.ptr(); }) return *m.ptr();
+    else return m;
+  }
+
+  template <int I, class Batch>
+  std::vector<at::Tensor> forward_one(const std::vector<at::Tensor>& in, const Batch& b)
+  {
+    using S = typename P::template stage<I>;
+    using In = typename P::template input_of<I>;
+    auto& m = *std::get<I>(modules_);
+    auto run = [this, &m, &b](const std::vector<at::Tensor>& ts) {
+      std::optional<AutocastGuard> autocast;
+      if constexpr (std::is_same_v<typename S::precision, BF16>) autocast.emplace(device_.type(), true, at::kBFloat16);
+      else if constexpr (std::is_same_v<typename S::precision, FP16>) autocast.emplace(device_.type(), true, at::kHalf);
+      else if (autocast_) autocast.emplace(device_.type(), true, *autocast_);
+      In x = detail::unflatten<In>(ts);
+      BlockCheckpointing blocks(S::checkpoint_blocks || checkpoint_blocks_);
+      if constexpr (requires { m->forward(x, b); }) return detail::flatten(m->forward(x, b));
+      else if constexpr (requires { m->forward(x); }) return detail::flatten(m->forward(x));
+      else if constexpr (requires { m.forward(x, b); }) return detail::flatten(m.forward(x, b));
+      else return detail::flatten(m.forward(x));
+    };
+    if (S::checkpointed || checkpoint_all_) return checkpoint(run, in, trainable(I));
+    return run(in);
+  }
+
+  int slot_;
+  torch::Device device_;
+  bool checkpoint_all_, checkpoint_blocks_;
+  std::optional<at::ScalarType> autocast_;
+  Modules modules_;
+  std::vector<bool> mine_;
+  std::vector<std::vector<at::Tensor>> params_;
+  std::vector<std::vector<std::string>> names_;  // field names of each stage's input boundary
+  std::vector<std::string> boundaries_;           // and its type's name
+};
+
+}  // namespace mpx

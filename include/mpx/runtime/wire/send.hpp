@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file runtime/wire/send.hpp
+/// The sending end of a boundary message (format.hpp): `send_tensors` posts one value's header and tensors
+/// — packed into the header's message when the receiver's room (ChannelSize) holds them, else as header +
+/// one message per tensor — and returns a `PendingSend` that keeps the buffers alive until every send
+/// has completed.
+
+#include <mpx/runtime/errors.hpp>       // mpx::config_error
+#include <mpx/runtime/wire/format.hpp>  // mpx::detail::encode_header, mpx::ChannelSize
+#include <mpx/runtime/world.hpp>        // mpx::ProcessGroupPtr
+
+#include <torch/torch.h>  // torch::empty, torch::zeros
+
+#include <algorithm>  // std::max
+#include <cstring>    // std::memcpy
+#include <string>     // std::string
+#include <vector>     // std::vector
+
+namespace mpx
+{
+
+/// The sending side of one message: keeps its buffers alive until every send has completed.
+struct PendingSend
+{
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<at::Tensor> keep;
+  std::string what;  ///< "SF3 of stage 1 to rank 2", for errors
+};
+
+namespace detail
+{
+/// The tensors as they travel: detached, floating ones in `wire` (unless kFloat), on `comm`, contiguous.
+inline std::vector<at::Tensor> wire_tensors(const std::vector<at::Tensor>& ts, int stage, at::ScalarType wire, torch::Device comm)
+{
+  if (ts.size() > std::size_t(max_fields))
+    throw config_error("mpx: a boundary has " + std::to_string(ts.size()) + " fields, more than the " + std::to_string(max_fields) +
+                       " the wire header holds; group them into fewer tensors");
+  std::vector<at::Tensor> out(ts.size());
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    if (!ts[i].defined()) continue;
+    if (ts[i].dim() > max_dims)
+      throw config_error("mpx: field " + std::to_string(i) + " of stage " + std::to_string(stage) + "'s boundary has " +
+                         std::to_string(ts[i].dim()) + " dims, more than " + std::to_string(max_dims) + "; reshape it");
+    at::Tensor x = ts[i].detach();
+    if (wire != at::kFloat && x.is_floating_point() && x.scalar_type() != wire) x = x.to(wire);
+    out[i] = x.to(comm).contiguous();
+  }
+  return out;
+}
+
+/// One message of header and payload, each tensor at an aligned offset after the header.
+inline at::Tensor pack_message(const at::Tensor& header, const std::vector<at::Tensor>& payload, std::int64_t bytes)
+{
+  auto msg = torch::empty({header_bytes + bytes}, torch::kByte);
+  auto* out = msg.data_ptr<std::uint8_t>();
+  std::memcpy(out, header.data_ptr(), header_size * sizeof(std::int64_t));
+  std::int64_t off = header_bytes;
+  for (auto& x : payload) {
+    if (!x.defined()) continue;
+    if (x.nbytes() > 0) std::memcpy(out + off, x.data_ptr(), x.nbytes());
+    off += aligned(std::int64_t(x.nbytes()));
+  }
+  return msg;
+}
+}  // namespace detail
+
+/// Sends a list of tensors (a boundary value or its gradients) to `dst` on `channel`. `stage` is the stage
+/// whose input the message is (the consumer for activations, the producer for gradients). An undefined
+/// tensor marks a field without a gradient: header only. `wire` (kFloat when none) is the dtype floating
+/// tensors travel in (WireCompression). With `size` (the channel's record at this end; CPU tensors only),
+/// a payload that fits the receiver's room travels packed in the header's message.
+inline PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int stage, int mb, bool gradient,
+                                const std::vector<at::Tensor>& ts, at::ScalarType wire, std::string what,
+                                torch::Device comm = torch::kCPU, ChannelSize* size = nullptr)
+{
+  using namespace detail;
+  PendingSend p;
+  p.what = std::move(what);
+  const std::vector<at::Tensor> payload = wire_tensors(ts, stage, wire, comm);
+  auto h = torch::zeros({header_size}, torch::kLong);
+  const std::int64_t bytes = encode_header(h.data_ptr<std::int64_t>(), stage, mb, gradient, ts, payload);
+  const bool packed = size != nullptr && comm.type() == torch::kCPU && bytes <= size->room;
+  if (size) size->largest = std::max(size->largest, bytes);
+  h.data_ptr<std::int64_t>()[5] = packed ? bytes : -1;
+  auto post = [&](at::Tensor t, int tag) {
+    std::vector<at::Tensor> v{t};
+    p.works.push_back(pg->send(v, dst, tag));
+    p.keep.push_back(std::move(t));
+  };
+  if (packed) {
+    post(pack_message(h, payload, bytes), header_tag(channel));
+    return p;
+  }
+  post(comm.type() == torch::kCPU ? h : h.to(comm), header_tag(channel));  // NCCL sends device tensors only
+  for (auto& x : payload)
+    if (x.defined() && x.numel() > 0) post(x, payload_tag(channel));
+  return p;
+}
+
+}  // namespace mpx

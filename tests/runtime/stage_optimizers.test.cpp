@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests for mpx/runtime/stage_optimizers.hpp: built from the policies (none for a frozen stage), stepped
+// at lr x the stage's scale, zeroed in place, saved and loaded.
+#include "support/rooms.hpp"
+#include "support/scratch_dir.hpp"
+
+namespace
+{
+using P1Sgd = mpx::Pipeline<mpx::Stage<tiny::Model, mpx::CPU<0>, mpx::Layers<0, 6>, mpx::Optimizer<mpx::SGD>>, mpx::Microbatches<4>,
+                            mpx::Batch<tiny::Batch>>;
+void fill_grads(const std::vector<at::Tensor>& ps)
+{
+  for (auto& p : ps) p.mutable_grad() = torch::ones_like(p);
+}
+}  // namespace
+
+TEST_CASE("An SGD stage steps at lr x its scale; zero keeps the gradient buffers", "[rooms][stage_optimizers]")
+{
+  mpx::TrainOptions o;
+  o.lr_scale = {0.5};
+  mpx::StageSet<P1Sgd> set(0, torch::kCPU, rooms::make, o);
+  mpx::StageOptimizers opt(set, o);
+  REQUIRE(opt.has(0));
+  CHECK(dynamic_cast<torch::optim::SGD*>(&opt.at(0)) != nullptr);
+  const auto p = set.parameters(0).front();
+  const auto before = p.detach().clone();
+  fill_grads(set.parameters(0));
+  const void* buffer = p.grad().data_ptr();
+  opt.step(0.1);
+  CHECK(torch::allclose(p.detach(), before - 0.05));  // plain SGD: p -= lr * scale * grad
+  opt.zero();
+  CHECK(p.grad().data_ptr() == buffer);
+  CHECK(p.grad().abs().sum().item<double>() == 0);
+}
+
+TEST_CASE("A frozen stage has no optimizer; make_optimizer replaces the policy's", "[rooms][stage_optimizers]")
+{
+  mpx::StageSet<rooms::P1Frozen> frozen(0, torch::kCPU, rooms::make, {});
+  CHECK(!mpx::StageOptimizers(frozen, {}).has(0));
+  mpx::TrainOptions o;
+  int asked = -1;
+  o.make_optimizer = [&](int stage, const std::vector<at::Tensor>& ps) -> std::unique_ptr<torch::optim::Optimizer> {
+    asked = stage;
+    return std::make_unique<torch::optim::SGD>(ps, torch::optim::SGDOptions(1.0));
+  };
+  mpx::StageSet<rooms::P1> set(0, torch::kCPU, rooms::make, o);
+  mpx::StageOptimizers opt(set, o);
+  CHECK(asked == 0);
+  CHECK(dynamic_cast<torch::optim::SGD*>(&opt.at(0)) != nullptr);
+  CHECK(dynamic_cast<torch::optim::AdamW*>(&mpx::StageOptimizers(set, {}).at(0)) != nullptr);  // the default
+}
+
+TEST_CASE("AdamW state saved and loaded continues identically; a corrupt file names itself", "[rooms][stage_optimizers]")
+{
+  const std::string dir = test::scratch_dir("mpx-stage-optimizers");
+  mpx::StageSet<rooms::P1> a(0, torch::kCPU, rooms::make, {}), b(0, torch::kCPU, rooms::make, {});
+  mpx::StageOptimizers oa(a, {}), ob(b, {});
+  fill_grads(a.parameters(0));
+  oa.step(1e-2);
+  oa.save(0, dir + "/opt.pt");
+  ob.load(0, dir + "/opt.pt");
+  for (std::size_t i = 0; i < a.parameters(0).size(); ++i) b.parameters(0)[i].detach().copy_(a.parameters(0)[i].detach());
+  fill_grads(a.parameters(0));
+  fill_grads(b.parameters(0));
+  oa.step(1e-2);
+  ob.step(1e-2);
+  for (std::size_t i = 0; i < a.parameters(0).size(); ++i) CHECK(torch::equal(a.parameters(0)[i], b.parameters(0)[i]));
+  std::ofstream(dir + "/bad.pt") << "not an archive";
+  CHECK_THROWS_WITH(ob.load(0, dir + "/bad.pt"), Catch::Contains("bad.pt") && Catch::Contains("incomplete or corrupt"));
+  std::filesystem::remove_all(dir);
+}
