@@ -7,6 +7,9 @@
 #include "support/spawn.hpp"
 #include "scenarios.hpp"
 
+#include <sys/wait.h>  // WIFEXITED
+
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -72,26 +75,20 @@ double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 
 
 /// Runs a scenario and compares it with the single-process reference: losses within `loss_tol` relative,
 /// every parameter within `param_tol` relative to its largest element (negative: not compared).
-void check_parity(const std::string& name, double loss_tol = 1e-5, double param_tol = 1e-5,
-                  const std::vector<std::pair<std::string, std::string>>& env = {}, long skip_step = -1,
-                  std::string* rank0_output = nullptr)
+/// Compares a run's rank-0 output (its "loss <step> <value>" lines) and the stage parameters its ranks
+/// saved into `dir` with the single-process reference: losses within `loss_tol` relative, every parameter
+/// within `param_tol` relative to its largest element (negative: not compared).
+void compare_with_reference(const scenario::Spec& spec, const std::string& rank0_output, const std::string& dir, double loss_tol,
+                            double param_tol, long skip_step)
 {
-  const scenario::Spec spec_of_name = scenario::spec(name);
-  const scenario::Spec* spec = &spec_of_name;
-  const std::string dir = "/tmp/mpx-parity-" + name + "-" + std::to_string(::getpid());
-  std::filesystem::create_directories(dir);
-  auto res = test::spawn(spec->world, {MPX_RANK_EXE, name, dir}, std::chrono::seconds(240), env);
-  INFO(all_output(res));
-  for (auto& r : res) REQUIRE(r.code == 0);
-  if (rank0_output) *rank0_output = res[0].output;
-  const auto ref = reference(*spec, skip_step);
-  const auto got = losses_of(res[0].output);
+  const auto ref = reference(spec, skip_step);
+  const auto got = losses_of(rank0_output);
   REQUIRE(got.size() == ref.losses.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
     CAPTURE(i, got[i], ref.losses[i]);
     CHECK(rel(got[i], ref.losses[i]) < loss_tol);
   }
-  for (std::size_t s = 0; param_tol > 0 && s < spec->ranges.size(); ++s) {
+  for (std::size_t s = 0; param_tol > 0 && s < spec.ranges.size(); ++s) {
     std::vector<at::Tensor> mine;
     torch::load(mine, dir + "/stage" + std::to_string(s) + ".pt");
     REQUIRE(mine.size() == ref.params[s].size());
@@ -102,7 +99,38 @@ void check_parity(const std::string& name, double loss_tol = 1e-5, double param_
       CHECK(diff <= param_tol * std::max(scale, 1e-3));
     }
   }
+}
+
+/// Runs a scenario on loopback and compares it with the single-process reference.
+void check_parity(const std::string& name, double loss_tol = 1e-5, double param_tol = 1e-5,
+                  const std::vector<std::pair<std::string, std::string>>& env = {}, long skip_step = -1,
+                  std::string* rank0_output = nullptr)
+{
+  const scenario::Spec spec = scenario::spec(name);
+  const std::string dir = "/tmp/mpx-parity-" + name + "-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  auto res = test::spawn(spec.world, {MPX_RANK_EXE, name, dir}, std::chrono::seconds(240), env);
+  INFO(all_output(res));
+  for (auto& r : res) REQUIRE(r.code == 0);
+  if (rank0_output) *rank0_output = res[0].output;
+  compare_with_reference(spec, res[0].output, dir, loss_tol, param_tol, skip_step);
   std::filesystem::remove_all(dir);
+}
+
+/// Runs scenario `name` on two nodes (tests/runtime/two_nodes.sh); false when this machine cannot make
+/// network namespaces (not root). `logs` receives each node's output.
+bool run_two_nodes(const std::string& name, const std::string& dir, const std::string& mode, std::string logs[2])
+{
+  std::filesystem::create_directories(dir);
+  const std::string cmd = std::string("bash ") + MPX_TWO_NODES_SH + " " + MPX_MPXRUN_EXE + " " + MPX_RANK_EXE + " " + name + " " + dir + " " + mode;
+  const int rc = std::system(cmd.c_str());
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) return false;
+  REQUIRE((WIFEXITED(rc) && WEXITSTATUS(rc) == 0));
+  for (int k = 0; k < 2; ++k) {
+    std::ifstream f(dir + "/node" + std::to_string(k) + ".log");
+    logs[k].assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  return true;
 }
 }  // namespace
 
@@ -243,4 +271,42 @@ TEST_CASE("Rank 0 writes one Chrome trace of every rank and prints the measured 
   CHECK(waits[0] <= 4);  // rank 0 waits only in its backwards (for gradients), rank 1 only in its forwards
   CHECK(waits[1] <= 4);
   std::remove(path.c_str());
+}
+
+TEST_CASE("Two nodes (network namespaces joined by a veth pair) train and match one process", "[runtime][parity][nodes]")
+{
+  // one rank per node, each node's mpxrun told only MASTER_ADDR (the first node's veth address): each
+  // rank's Gloo groups must listen on the address of its route to the master, not on its host name's
+  const std::string dir = "/tmp/mpx-two-nodes-" + std::to_string(::getpid());
+  std::string logs[2];
+  if (!run_two_nodes("p2-1f1b", dir, "", logs)) {
+    WARN("network namespaces cannot be made here (needs root): two nodes not tested");
+    return;
+  }
+  INFO("node 0:\n" << logs[0] << "node 1:\n" << logs[1]);
+  CHECK(logs[0].find("exit 0") != std::string::npos);
+  REQUIRE(logs[1].find("exit 0") != std::string::npos);
+  compare_with_reference(scenario::spec("p2-1f1b"), logs[0], dir, 1e-5, 1e-5, -1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Two nodes that cannot reach each other both stop at once, naming the pair and the fix", "[runtime][errors][nodes]")
+{
+  // each node advertises loopback (GLOO_SOCKET_IFNAME=lo): the store connects, the peers cannot
+  const std::string dir = "/tmp/mpx-two-nodes-unreachable-" + std::to_string(::getpid());
+  std::string logs[2];
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!run_two_nodes("p2-1f1b", dir, "unreachable", logs)) {
+    WARN("network namespaces cannot be made here (needs root): two nodes not tested");
+    return;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("node 0:\n" << logs[0] << "node 1:\n" << logs[1]);
+  CHECK(seconds < 30);  // the rank program's timeout is 30 s: no side waits it out
+  for (const auto& log : logs) {
+    CHECK(log.find("exit 1") != std::string::npos);
+    CHECK(log.find("the ranks cannot all reach each other: rank 0 (at 127.0.0.1:") != std::string::npos);
+    CHECK(log.find("GLOO_SOCKET_IFNAME") != std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
 }

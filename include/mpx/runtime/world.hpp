@@ -6,12 +6,16 @@
 /// slot in every replica). Global rank = replica * slots + slot. Gloo on CPU; NCCL for CUDA stages when
 /// LibTorch has it (USE_C10D_NCCL). Before anything else every rank checks what it can alone (WORLD_SIZE a
 /// multiple of the slots, devices present), then all ranks compare the pipeline fingerprint in one
-/// collective: any mismatch stops every rank with a message naming the fix.
+/// collective: any mismatch stops every rank with a message naming the fix. Gloo listens on the interface
+/// `GLOO_SOCKET_IFNAME` names, else on this host's address of the route to MASTER_ADDR (never on what the
+/// host name resolves to, which is loopback on a default Debian); a group whose peers cannot reach each
+/// other stops within the timeout with a `peer_error` naming the address and the fix.
 
 #include <mpx/fingerprint.hpp>     // mpx::fingerprint_v
 #include <mpx/pipeline.hpp>        // mpx::PipelineType
 #include <mpx/runtime/env.hpp>     // mpx::Env
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/runtime/reachability.hpp>  // mpx::check_reachable
 #include <mpx/torch/host_memory.hpp>  // mpx::keep_host_memory
 #include <mpx/torch/version.hpp>    // MPX_TORCH_AT_LEAST
 
@@ -25,7 +29,13 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>  // c10d::ProcessGroupNCCL
 #endif
 
+#include <arpa/inet.h>   // inet_ntop
+#include <netdb.h>       // getaddrinfo
+#include <sys/socket.h>  // socket, connect, getsockname
+#include <unistd.h>      // close
+
 #include <chrono>    // std::chrono::milliseconds
+#include <cstdlib>   // std::getenv
 #include <iostream>  // std::cerr
 #include <sstream>   // std::ostringstream
 #include <string>    // std::string
@@ -80,13 +90,75 @@ inline void barrier(World& w, const std::string& what)
 
 namespace detail
 {
+/// Where this rank's Gloo groups listen and what they tell their peers: an interface by name
+/// (`GLOO_SOCKET_IFNAME`), or an address of this host.
+struct GlooEndpoint
+{
+  std::string interface;  ///< GLOO_SOCKET_IFNAME when set (its first name)
+  std::string address;    ///< else: the local address of the route to MASTER_ADDR (loopback for a local master)
+  std::string describe() const { return interface.empty() ? "address " + address : "interface " + interface + " (GLOO_SOCKET_IFNAME)"; }
+};
+
+/// The local address this host uses to reach `host` (the kernel's route choice: a UDP socket connected
+/// to it sends nothing); empty when there is no route or `host` does not resolve.
+inline std::string route_address(const std::string& host, int port)
+{
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || res == nullptr) return {};
+  std::string out;
+  for (addrinfo* a = res; a != nullptr && out.empty(); a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_DGRAM, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char text[INET6_ADDRSTRLEN] = {};
+      const void* ip = local.ss_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                                                  : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (::inet_ntop(local.ss_family, ip, text, sizeof text)) out = text;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
+/// This rank's Gloo endpoint (see GlooEndpoint): GLOO_SOCKET_IFNAME if set, else the route to the master.
+inline GlooEndpoint gloo_endpoint(const Env& e)
+{
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != 0) {
+    std::string first(ifname);
+    return {first.substr(0, first.find(',')), {}};
+  }
+  if (e.master_addr == "127.0.0.1" || e.master_addr == "localhost" || e.master_addr == "::1") return {{}, "127.0.0.1"};
+  std::string a = route_address(e.master_addr, e.master_port);
+  if (a.empty())
+    throw config_error("mpx: rank " + std::to_string(e.rank) + ": no route to MASTER_ADDR=" + e.master_addr +
+                       " from this host; set MASTER_ADDR to an address every node reaches, or name the interface with GLOO_SOCKET_IFNAME");
+  return {{}, a};
+}
+
 inline ProcessGroupPtr make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank, int size,
-                                 std::chrono::milliseconds timeout, const std::string& host)
+                                 std::chrono::milliseconds timeout, const GlooEndpoint& at, int global_rank)
 {
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
+  try {
+    opts->devices.push_back(at.interface.empty() ? c10d::ProcessGroupGloo::createDeviceForHostname(at.address)
+                                                 : c10d::ProcessGroupGloo::createDeviceForInterface(at.interface));
+  } catch (const std::exception& e) {
+    throw config_error("mpx: rank " + std::to_string(global_rank) + " (group " + prefix + "): cannot open a Gloo device on " + at.describe() +
+                       " (" + e.what() + "); name an interface of this host with GLOO_SOCKET_IFNAME");
+  }
   auto ps = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(ps, rank, size, opts);
+  try {
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(ps, rank, size, opts);
+  } catch (const std::exception& e) {
+    throw peer_error("mpx: rank " + std::to_string(global_rank) + " (member " + std::to_string(rank) + " of " + std::to_string(size) + " of group " + prefix + ", on " + at.describe() + ")" +
+                     ": could not connect to its peers within " + std::to_string(timeout.count()) + " ms (" + e.what() +
+                     "); every node must reach every other's address: set GLOO_SOCKET_IFNAME to the interface that does, on each node");
+  }
 }
 
 #if defined(USE_C10D_NCCL)
@@ -100,14 +172,6 @@ inline ProcessGroupPtr make_nccl(const c10::intrusive_ptr<c10d::Store>& store, c
 }
 #endif
 
-/// This host's address for Gloo: loopback when the master is local, else the machine's host name.
-inline std::string gloo_host(const Env& e)
-{
-  if (e.master_addr == "127.0.0.1" || e.master_addr == "localhost") return "127.0.0.1";
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
 }  // namespace detail
 
 /// Checks the job against pipeline P and builds its groups (see the file comment).
@@ -161,11 +225,18 @@ World make_world(const Env& env, const WorldOptions& opt = {})
                        " ms (are all WORLD_SIZE=" + std::to_string(env.world_size) + " ranks started, with the same "
                        "MASTER_ADDR/MASTER_PORT?): " + e.what());
   }
-  const std::string host = detail::gloo_host(env);
+  const detail::GlooEndpoint host = detail::gloo_endpoint(env);
+  try {  // every rank reaches every other's address, or every rank stops now, naming the pair
+    const std::string ip = host.interface.empty() ? host.address : detail::interface_address(host.interface);
+    if (!ip.empty() && ip.find(':') == std::string::npos) check_reachable(*w.store, ip, env.rank, env.world_size, opt.timeout);
+  } catch (const c10::Error& e) {
+    throw peer_error("mpx: rank " + std::to_string(env.rank) + ": a rank did not report whether it reaches the others within " +
+                     std::to_string(opt.timeout.count()) + " ms (did it die, or is it stuck before the rendezvous?): " + e.what_without_backtrace());
+  }
   // every rank builds world, then its pipeline group, then its data-parallel group (same global order).
   // NCCL carries a group only when all its members compute on CUDA: the pipeline group when every stage is
   // a GPU stage, the data-parallel group when this slot's are; otherwise Gloo (tensors staged through CPU).
-  w.world = detail::make_gloo(w.store, "mpx/world/", env.rank, env.world_size, opt.timeout, host);
+  w.world = detail::make_gloo(w.store, "mpx/world/", env.rank, env.world_size, opt.timeout, host, env.rank);
   const std::string pp_prefix = "mpx/pp/" + std::to_string(w.replica) + "/", dp_prefix = "mpx/dp/" + std::to_string(w.slot) + "/";
 #if defined(USE_C10D_NCCL)
   bool all_gpu = true;
@@ -175,13 +246,13 @@ World make_world(const Env& env, const WorldOptions& opt = {})
   const bool cuda = w.device.is_cuda();
   if (cuda) c10::cuda::set_device(w.device.index());
   w.pp = cuda && all_gpu ? detail::make_nccl(w.store, pp_prefix, w.slot, w.slots, opt.timeout)
-                         : detail::make_gloo(w.store, pp_prefix, w.slot, w.slots, opt.timeout, host);
+                         : detail::make_gloo(w.store, pp_prefix, w.slot, w.slots, opt.timeout, host, env.rank);
   w.dp = cuda ? detail::make_nccl(w.store, dp_prefix, w.replica, w.replicas, opt.timeout)
-              : detail::make_gloo(w.store, dp_prefix, w.replica, w.replicas, opt.timeout, host);
+              : detail::make_gloo(w.store, dp_prefix, w.replica, w.replicas, opt.timeout, host, env.rank);
   if (cuda && all_gpu) w.comm_device = w.device;
 #else
-  w.pp = detail::make_gloo(w.store, pp_prefix, w.slot, w.slots, opt.timeout, host);
-  w.dp = detail::make_gloo(w.store, dp_prefix, w.replica, w.replicas, opt.timeout, host);
+  w.pp = detail::make_gloo(w.store, pp_prefix, w.slot, w.slots, opt.timeout, host, env.rank);
+  w.dp = detail::make_gloo(w.store, dp_prefix, w.replica, w.replicas, opt.timeout, host, env.rank);
 #endif
   // ---- all ranks run the same pipeline?
   const auto mine = static_cast<std::int64_t>(fingerprint_v<P>);
