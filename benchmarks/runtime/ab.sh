@@ -21,7 +21,7 @@ med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(
 out=benchmarks/results/runtime_ab_$(hostname -s)_$(date +%Y%m%d).md
 source benchmarks/results_file.sh && keep_earlier "$out"
 {
-  echo "# Runtime A/B: $lb against $lb's predecessor $la (pipeline_bench $mode)"
+  echo "# Runtime A/B: $lb (B) against $la (A), pipeline_bench $mode"
   echo
   echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB"
   echo "- LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null), $(g++ --version | head -n 1)"

@@ -310,3 +310,50 @@ TEST_CASE("Two nodes that cannot reach each other both stop at once, naming the 
   }
   std::filesystem::remove_all(dir);
 }
+
+namespace
+{
+std::string read_file(const std::string& path)
+{
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+TEST_CASE("Under torchrun as users type it (its default rendezvous: the agent's store) 2 ranks match one process", "[runtime][parity][launchers]")
+{
+  // Debian's torchrun 1.13 on Python 3.11 crashes parsing --redirects/--tee unless both are 1 or 2
+  INFO("torchrun missing: install python3-torch (scripts/install-deps.sh does)");
+  REQUIRE(std::system("command -v torchrun > /dev/null") == 0);
+  const std::string dir = "/tmp/mpx-torchrun-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string cmd = "OMP_NUM_THREADS=1 timeout 200 torchrun --nproc_per_node 2 --master_port " + std::to_string(mpx::detail::free_port()) +
+                          " -r 1 -t 1 --no_python " + MPX_RANK_EXE + " p2-1f1b " + dir + " > " + dir + "/out.log 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::string out = read_file(dir + "/out.log");
+  INFO(out);
+  REQUIRE((WIFEXITED(rc) && WEXITSTATUS(rc) == 0));
+  std::string rank0;  // torchrun prefixes rank 0's lines with "[default0]:"
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("[default0]:", 0) == 0) rank0 += line.substr(11) + "\n";
+  compare_with_reference(scenario::spec("p2-1f1b"), rank0, dir, 1e-5, 1e-5, -1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("Under srun's variables (2 nodes x 2 tasks, SLURM_TASKS_PER_NODE=2(x2), MASTER_ADDR from the node list) 2 x 2 ranks match one process",
+          "[runtime][parity][launchers]")
+{
+  // each rank sees only what srun sets (no RANK, no MASTER_ADDR); the node list's first host is 127.0.0.1
+  const std::string dir = "/tmp/mpx-slurm-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string as_srun =
+      "export SLURM_PROCID=$RANK SLURM_LOCALID=$((RANK % 2)) SLURM_NODEID=$((RANK / 2)); "
+      "unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE MASTER_ADDR; exec \"$0\" \"$@\"";
+  auto res = test::spawn(4, {"/bin/bash", "-c", as_srun, MPX_RANK_EXE, "dp2-p2-1f1b", dir}, std::chrono::seconds(240),
+                         {{"SLURM_NTASKS", "4"}, {"SLURM_TASKS_PER_NODE", "2(x2)"}, {"SLURM_JOB_NODELIST", "127.0.0.[1-2]"}});
+  INFO(all_output(res));
+  for (auto& r : res) REQUIRE(r.code == 0);
+  compare_with_reference(scenario::spec("dp2-p2-1f1b"), res[0].output, dir, 1e-5, 1e-5, -1);
+  std::filesystem::remove_all(dir);
+}

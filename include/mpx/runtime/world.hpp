@@ -15,24 +15,18 @@
 #include <mpx/pipeline.hpp>        // mpx::PipelineType
 #include <mpx/runtime/env.hpp>     // mpx::Env
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
-#include <mpx/runtime/reachability.hpp>  // mpx::check_reachable
+#include <mpx/runtime/rendezvous.hpp>  // mpx::make_store, mpx::check_reachable, mpx::detail::gloo_endpoint
 #include <mpx/torch/host_memory.hpp>  // mpx::keep_host_memory
 #include <mpx/torch/version.hpp>    // MPX_TORCH_AT_LEAST
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>       // c10d::PrefixStore
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // c10d::ProcessGroupGloo
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>          // c10d::TCPStore
 #include <torch/cuda.h>                                       // torch::cuda::device_count
 #include <torch/torch.h>                                      // torch::Device, torch::full
 #if defined(USE_C10D_NCCL)
 #include <c10/cuda/CUDAFunctions.h>                          // c10::cuda::set_device
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>  // c10d::ProcessGroupNCCL
 #endif
-
-#include <arpa/inet.h>   // inet_ntop
-#include <netdb.h>       // getaddrinfo
-#include <sys/socket.h>  // socket, connect, getsockname
-#include <unistd.h>      // close
 
 #include <chrono>    // std::chrono::milliseconds
 #include <cstdlib>   // std::getenv
@@ -90,56 +84,6 @@ inline void barrier(World& w, const std::string& what)
 
 namespace detail
 {
-/// Where this rank's Gloo groups listen and what they tell their peers: an interface by name
-/// (`GLOO_SOCKET_IFNAME`), or an address of this host.
-struct GlooEndpoint
-{
-  std::string interface;  ///< GLOO_SOCKET_IFNAME when set (its first name)
-  std::string address;    ///< else: the local address of the route to MASTER_ADDR (loopback for a local master)
-  std::string describe() const { return interface.empty() ? "address " + address : "interface " + interface + " (GLOO_SOCKET_IFNAME)"; }
-};
-
-/// The local address this host uses to reach `host` (the kernel's route choice: a UDP socket connected
-/// to it sends nothing); empty when there is no route or `host` does not resolve.
-inline std::string route_address(const std::string& host, int port)
-{
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || res == nullptr) return {};
-  std::string out;
-  for (addrinfo* a = res; a != nullptr && out.empty(); a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, SOCK_DGRAM, 0);
-    if (fd < 0) continue;
-    sockaddr_storage local{};
-    socklen_t len = sizeof local;
-    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-      char text[INET6_ADDRSTRLEN] = {};
-      const void* ip = local.ss_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-                                                  : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
-      if (::inet_ntop(local.ss_family, ip, text, sizeof text)) out = text;
-    }
-    ::close(fd);
-  }
-  ::freeaddrinfo(res);
-  return out;
-}
-
-/// This rank's Gloo endpoint (see GlooEndpoint): GLOO_SOCKET_IFNAME if set, else the route to the master.
-inline GlooEndpoint gloo_endpoint(const Env& e)
-{
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != 0) {
-    std::string first(ifname);
-    return {first.substr(0, first.find(',')), {}};
-  }
-  if (e.master_addr == "127.0.0.1" || e.master_addr == "localhost" || e.master_addr == "::1") return {{}, "127.0.0.1"};
-  std::string a = route_address(e.master_addr, e.master_port);
-  if (a.empty())
-    throw config_error("mpx: rank " + std::to_string(e.rank) + ": no route to MASTER_ADDR=" + e.master_addr +
-                       " from this host; set MASTER_ADDR to an address every node reaches, or name the interface with GLOO_SOCKET_IFNAME");
-  return {{}, a};
-}
-
 inline ProcessGroupPtr make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix, int rank, int size,
                                  std::chrono::milliseconds timeout, const GlooEndpoint& at, int global_rank)
 {
@@ -210,29 +154,10 @@ World make_world(const Env& env, const WorldOptions& opt = {})
                          std::to_string(n) + " ranks per node");
     w.device = n > 0 ? torch::Device(torch::kCUDA, env.local_rank) : torch::Device(torch::kCPU);
   }
-  // ---- rendezvous
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<std::uint16_t>(env.master_port);
-  so.isServer = env.rank == 0;
-  so.numWorkers = static_cast<std::size_t>(env.world_size);
-  so.waitWorkers = true;
-  so.timeout = opt.timeout;
-  try {
-    w.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
-  } catch (const std::exception& e) {
-    throw config_error("mpx: rank " + std::to_string(env.rank) + " could not join the rendezvous at " + env.master_addr + ":" +
-                       std::to_string(env.master_port) + " within " + std::to_string(opt.timeout.count()) +
-                       " ms (are all WORLD_SIZE=" + std::to_string(env.world_size) + " ranks started, with the same "
-                       "MASTER_ADDR/MASTER_PORT?): " + e.what());
-  }
+  // ---- rendezvous: the store, then can every rank reach every other?
+  w.store = make_store(env, opt.timeout);
   const detail::GlooEndpoint host = detail::gloo_endpoint(env);
-  try {  // every rank reaches every other's address, or every rank stops now, naming the pair
-    const std::string ip = host.interface.empty() ? host.address : detail::interface_address(host.interface);
-    if (!ip.empty() && ip.find(':') == std::string::npos) check_reachable(*w.store, ip, env.rank, env.world_size, opt.timeout);
-  } catch (const c10::Error& e) {
-    throw peer_error("mpx: rank " + std::to_string(env.rank) + ": a rank did not report whether it reaches the others within " +
-                     std::to_string(opt.timeout.count()) + " ms (did it die, or is it stuck before the rendezvous?): " + e.what_without_backtrace());
-  }
+  check_reachable(*w.store, host, env, opt.timeout);
   // every rank builds world, then its pipeline group, then its data-parallel group (same global order).
   // NCCL carries a group only when all its members compute on CUDA: the pipeline group when every stage is
   // a GPU stage, the data-parallel group when this slot's are; otherwise Gloo (tensors staged through CPU).
