@@ -17,7 +17,8 @@
 #include <fmt/format.h>  // fmt::format
 #include <torch/torch.h>
 
-#include <cmath>    // std::sqrt, std::lround
+#include <cmath>       // std::sqrt, std::lround
+#include <filesystem>  // std::filesystem
 #include <map>      // std::map
 #include <memory>   // std::unique_ptr
 #include <string>   // std::string
@@ -59,6 +60,34 @@ struct Options
   bool train_vision() const { return freeze_vision == "off" || (freeze_vision == "auto" && weights.empty()); }
   double peak_lr() const { return lr > 0 ? lr : weights.empty() ? 5e-4 : 3e-6; }
 };
+
+/// A file as the ranks compare it: its path, size and modification time ("-" when there is none).
+inline std::string file_identity(const std::string& path)
+{
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (path.empty()) return "-";
+  if (!fs::is_regular_file(path, ec)) return path;
+  const auto size = fs::file_size(path, ec);
+  const auto when = fs::last_write_time(path, ec).time_since_epoch().count();
+  return fmt::format("{} ({} bytes, modified {})", path, size, when);
+}
+
+/// What every rank must agree on before the first step (mpx::WorldOptions::settings): a rank started
+/// with another flag or file stops every rank, naming the setting and both values.
+inline mpx::RunSettings run_settings(const Options& o)
+{
+  const std::string data = o.data == "generated"
+                               ? fmt::format("generated: {} samples, {} held out, image size {}", o.train_samples, o.eval_samples, o.image_size)
+                               : file_identity(o.data);
+  return {{"config", file_identity(o.config)}, {"weights", file_identity(o.weights)}, {"tokenizer", o.tokenizer},
+          {"data", data}, {"eval-data", file_identity(o.eval_data)}, {"microbatch-size", std::to_string(o.microbatch_size)},
+          {"seed", std::to_string(o.seed)}, {"steps", std::to_string(o.steps)}, {"epochs", fmt::format("{}", o.epochs)},
+          {"lr", fmt::format("{}", o.lr)}, {"vision-lr-scale", fmt::format("{}", o.vision_lr_scale)}, {"warmup", fmt::format("{}", o.warmup)},
+          {"weight-decay", fmt::format("{}", o.weight_decay)}, {"clip", fmt::format("{}", o.clip)}, {"optimizer", o.optimizer},
+          {"precision", o.precision}, {"checkpoint", fmt::format("{} {}", o.checkpoint, o.checkpoint_blocks)},
+          {"freeze-vision", o.freeze_vision}, {"resume", o.resume}};
+}
 
 /// The training and held-out sets.
 struct Data

@@ -47,6 +47,7 @@ int train_pipeline(const Options& o)
   mpx::WorldOptions wo;
   wo.timeout = std::chrono::milliseconds(long(o.timeout_s) * 1000);
   wo.allow_cpu = true;
+  wo.settings = run_settings(o);
   auto world = mpx::make_world<P>(env, wo);
   const auto tok = Tokenizer::load(o.tokenizer);
   Data data = make_data(o, c);

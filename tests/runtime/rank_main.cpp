@@ -14,11 +14,13 @@
 namespace
 {
 template <class P>
-int train(const std::string& out, int kill_rank, int kill_step, std::chrono::milliseconds timeout = std::chrono::seconds(30))
+int train(const std::string& out, int kill_rank, int kill_step, std::chrono::milliseconds timeout = std::chrono::seconds(30),
+          mpx::RunSettings settings = {})
 {
   const auto env = mpx::read_env();
   mpx::WorldOptions wo;
   wo.timeout = timeout;
+  wo.settings = std::move(settings);
   auto world = mpx::make_world<P>(env, wo);
   auto make = [](auto stage) {
     using S = typename P::template stage<decltype(stage)::value>;
@@ -175,6 +177,10 @@ int run(const std::string& name, const std::string& out, int kill_rank, int kill
     return train<P2<mpx::OneFOneB, 4>>(out, -1, -1);
   }
   if (name == "gpu") return train<PGpu>(out, -1, -1);
+  if (name == "settings-mismatch") {  // rank 1 is started with another seed
+    const std::string seed = mpx::read_env().rank == 1 ? "2" : "1";
+    return train<P2<mpx::OneFOneB>>(out, -1, -1, std::chrono::seconds(30), {{"config", "tiny"}, {"seed", seed}});
+  }
   if (name == "wire") return wire();
   if (name == "kill") return train<P3<mpx::OneFOneB>>(out, kill_rank, kill_step, std::chrono::seconds(10));
   std::cerr << "unknown scenario " << name << "\n";

@@ -208,6 +208,14 @@ TEST_CASE("Ranks built from different pipelines stop before the first step", "[r
   expect_every_rank_fails(2, "mismatch", "run a different pipeline");
 }
 
+TEST_CASE("Ranks started with different run settings stop before the first step, naming the setting and both values", "[runtime][errors]")
+{
+  expect_every_rank_fails(2, "settings-mismatch", "the ranks were started with different settings: run setting 'seed' is '");
+  auto res = test::spawn(2, {MPX_RANK_EXE, "settings-mismatch", "/tmp"}, std::chrono::seconds(60));
+  CHECK(res[0].output.find("'1' on rank 0 but '2' on rank 1") != std::string::npos);
+  CHECK(res[0].output.find("loss 0") == std::string::npos);  // no step ran
+}
+
 TEST_CASE("GPU stages without CUDA stop with a message naming the fix", "[runtime][errors]")
 {
   if (torch::cuda::is_available()) {

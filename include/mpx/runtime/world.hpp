@@ -15,6 +15,7 @@
 #include <mpx/pipeline.hpp>        // mpx::PipelineType
 #include <mpx/runtime/env.hpp>     // mpx::Env
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/runtime/run_settings.hpp>  // mpx::RunSettings, mpx::check_run_settings
 #include <mpx/runtime/rendezvous.hpp>  // mpx::make_store, mpx::check_reachable, mpx::detail::gloo_endpoint
 #include <mpx/torch/host_memory.hpp>  // mpx::keep_host_memory
 #include <mpx/torch/version.hpp>    // MPX_TORCH_AT_LEAST
@@ -49,6 +50,7 @@ struct WorldOptions
 {
   std::chrono::milliseconds timeout{60000};  ///< every wait: rendezvous, messages, collectives
   bool allow_cpu = false;  ///< run GPU<i> stages on CPU when there is no CUDA (the examples opt in)
+  RunSettings settings;  ///< the program's run settings (config, seed, data...): every rank must start with the same (run_settings.hpp)
   bool keep_host_memory = true;  ///< mpx::keep_host_memory(): large CPU tensors from a cache, no page faults each step (torch/host_memory.hpp)
 };
 
@@ -192,6 +194,7 @@ World make_world(const Env& env, const WorldOptions& opt = {})
     throw config_error("mpx: ranks" + differ + " run a different pipeline than rank " + std::to_string(env.rank) +
                        " (the pipeline fingerprints differ: another binary, pipeline type or micro-batch count); start "
                        "every rank from the same build with the same configuration");
+  check_run_settings(*w.store, opt.settings, env.rank, env.world_size, opt.timeout);
   return w;
 }
 
