@@ -18,7 +18,7 @@
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
 
 #include <nlohmann/json.hpp>  // nlohmann::json
-#include <stb/stb_image.h>    // stbi_load
+#include <stb/stb_image.h>    // stbi_load_from_memory
 #include <stb/stb_image_write.h>  // stbi_write_png
 #include <torch/torch.h>
 
@@ -48,11 +48,37 @@ class Dataset
   virtual std::string answer(std::size_t i) const { return get(i).answer; }
 };
 
-/// Decodes an image file to (H, W, 3) uint8.
+/// The largest image file (bytes) and data file a run reads: a bound on every read.
+inline constexpr std::uintmax_t max_image_bytes = std::uintmax_t(64) << 20;
+inline constexpr std::uintmax_t max_data_bytes = std::uintmax_t(16) << 30;
+
+/// Checks that `path` is a regular file (not a FIFO, device or directory, which could block or never end)
+/// of at most `limit` bytes, and returns its size; `what` names it in the error.
+inline std::uintmax_t check_regular_file(const std::string& path, std::uintmax_t limit, const std::string& what)
+{
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) throw mpx::config_error("moondream: " + what + " " + path + " does not exist; fix the path");
+  if (!fs::is_regular_file(st)) throw mpx::config_error("moondream: " + what + " " + path + " is not a regular file (a FIFO, device or directory); pass a file");
+  const auto size = fs::file_size(path, ec);
+  if (ec || size > limit)
+    throw mpx::config_error("moondream: " + what + " " + path + " is larger than " + std::to_string(limit >> 20) + " MiB; is it the right file?");
+  return size;
+}
+
+/// Decodes an image file to (H, W, 3) uint8. Only a regular file of at most max_image_bytes is read, and
+/// never more than its checked size.
 inline at::Tensor load_image(const std::string& path)
 {
+  const auto size = std::size_t(check_regular_file(path, max_image_bytes, "image"));
+  std::ifstream f(path, std::ios::binary);
+  std::vector<unsigned char> bytes(size + 1);
+  f.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(bytes.size()));
+  const auto n = std::size_t(f.gcount());
+  if (n > size) throw mpx::config_error("moondream: image " + path + " changed while read; is something writing it?");
   int w = 0, h = 0, c = 0;
-  unsigned char* px = stbi_load(path.c_str(), &w, &h, &c, 3);
+  unsigned char* px = stbi_load_from_memory(bytes.data(), int(n), &w, &h, &c, 3);
   if (!px) throw mpx::config_error("moondream: cannot decode image " + path + " (" + (stbi_failure_reason() ? stbi_failure_reason() : "unknown") + ")");
   auto t = torch::from_blob(px, {h, w, 3}, torch::kByte).clone();
   stbi_image_free(px);
@@ -149,6 +175,7 @@ class JsonlVqa : public Dataset
  public:
   explicit JsonlVqa(const std::string& path)
   {
+    check_regular_file(path, max_data_bytes, "data file");
     std::ifstream in(path);
     if (!in) throw mpx::config_error("moondream: cannot read data file " + path + "; pass a JSONL file (--data)");
     const auto dir = std::filesystem::path(path).parent_path();
@@ -180,6 +207,8 @@ class JsonlVqa : public Dataset
       }
       if (!std::filesystem::exists(it.image))
         throw mpx::config_error("moondream: " + where + ": image " + it.image + " does not exist; fix the path (relative to the JSONL file)");
+      if (!std::filesystem::is_regular_file(it.image))
+        throw mpx::config_error("moondream: " + where + ": image " + it.image + " is not a regular file (a FIFO, device or directory); pass a file");
       it.where = where;
       items_.push_back(std::move(it));
     }

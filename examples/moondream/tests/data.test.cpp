@@ -5,7 +5,10 @@
 #include "../../../tests/support/scratch_dir.hpp"
 #include "../data.hpp"
 
+#include <sys/stat.h>  // mkfifo
+
 #include <array>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -84,4 +87,18 @@ TEST_CASE("JSONL and DOCCI lines load; PNG round trip; errors name file and line
   std::ofstream(dir + "/g.jsonl") << R"({"image": "garbage.png", "question": "q", "answer": "a"})" << "\n";
   moondream::JsonlVqa g(dir + "/g.jsonl");
   CHECK_THROWS_WITH(g.get(0), Catch::Contains("g.jsonl:1") && Catch::Contains("cannot decode image"));
+}
+
+TEST_CASE("A FIFO as an image or a data file is an error within a second, never a hang", "[moondream][data]")
+{
+  const auto dir = tmpdir("fifo");
+  REQUIRE(::mkfifo((dir + "/pipe.png").c_str(), 0600) == 0);
+  REQUIRE(::mkfifo((dir + "/pipe.jsonl").c_str(), 0600) == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(moondream::load_image(dir + "/pipe.png"), Catch::Contains("is not a regular file"));
+  std::ofstream(dir + "/f.jsonl") << R"({"image": "pipe.png", "question": "q", "answer": "a"})" << "\n";
+  CHECK_THROWS_WITH(moondream::JsonlVqa(dir + "/f.jsonl"), Catch::Contains("f.jsonl:1") && Catch::Contains("not a regular file"));
+  CHECK_THROWS_WITH(moondream::JsonlVqa(dir + "/pipe.jsonl"), Catch::Contains("data file") && Catch::Contains("not a regular file"));
+  CHECK_THROWS_WITH(moondream::JsonlVqa(dir), Catch::Contains("not a regular file"));  // a directory
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
 }
