@@ -78,3 +78,22 @@ TEST_CASE("Bad launch options name the fix", "[launch]")
   CHECK(code == 127);
   CHECK(out.find("cannot start /nonexistent/program") != std::string::npos);
 }
+
+TEST_CASE("mpxrun gives its ranks one fresh store secret per run, or passes the user's", "[launch]")
+{
+  auto [code, out] = sh("env -u MPX_STORE_SECRET " + mpxrun + " --nproc-per-node 2 sh -c 'echo \"secret=$MPX_STORE_SECRET\"'");
+  INFO(out);
+  CHECK(code == 0);
+  const auto a = out.find("[rank 0] secret="), b = out.find("[rank 1] secret=");
+  REQUIRE(a != std::string::npos);
+  REQUIRE(b != std::string::npos);
+  const std::string s0 = out.substr(a + 16, 32), s1 = out.substr(b + 16, 32);
+  CHECK(s0 == s1);
+  CHECK(s0.find_first_not_of("0123456789abcdef") == std::string::npos);
+  auto [code2, again] = sh("env -u MPX_STORE_SECRET " + mpxrun + " --nproc-per-node 1 sh -c 'echo \"secret=$MPX_STORE_SECRET\"'");
+  CHECK(again.find(s0) == std::string::npos);  // fresh per run
+  auto [code3, given] = sh("MPX_STORE_SECRET=mine " + mpxrun + " --nproc-per-node 1 sh -c 'echo \"secret=$MPX_STORE_SECRET\"'");
+  CHECK(given.find("[rank 0] secret=mine") != std::string::npos);
+  auto [code4, nodes] = sh("env -u MPX_STORE_SECRET " + mpxrun + " --nnodes 2 --node-rank 1 --master-port 29124 --nproc-per-node 1 true");
+  CHECK(nodes.find("export the same MPX_STORE_SECRET on every node") != std::string::npos);
+}

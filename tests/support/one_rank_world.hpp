@@ -7,11 +7,12 @@
 namespace test
 {
 template <class P>
-mpx::World one_rank_world(std::chrono::milliseconds timeout = std::chrono::seconds(60))
+mpx::World one_rank_world(std::chrono::milliseconds timeout = std::chrono::seconds(60), std::string store_secret = {})
 {
   static int port = mpx::detail::free_port();
   mpx::Env env;
   env.master_port = port++;  // each world its own store
+  env.store_secret = std::move(store_secret);
   mpx::WorldOptions wo;
   wo.timeout = timeout;
   wo.allow_cpu = true;

@@ -31,6 +31,7 @@ struct Env
   std::string source = "none";  ///< "torchrun", "slurm", "openmpi" or "none" (a single process)
   bool agent_store = false;  ///< torchrun's agent serves the store at MASTER_ADDR:MASTER_PORT: join it as a client
   int restart_count = 0;     ///< torchrun's restart of this job (0: the first attempt)
+  std::string store_secret;  ///< MPX_STORE_SECRET: the run's store keys are named under it (rendezvous.hpp)
 
   /// True when a launcher set this process up as one rank of several (or RANK is set at all).
   bool launched() const { return source != "none"; }
@@ -149,6 +150,7 @@ inline Env read_env()
   }
   e.master_addr = getenv_str("MASTER_ADDR").value_or(e.master_addr);
   e.master_port = getenv_int("MASTER_PORT", 29500);
+  e.store_secret = getenv_str("MPX_STORE_SECRET").value_or("");
   if (e.world_size < 1) throw config_error("mpx: WORLD_SIZE (" + std::to_string(e.world_size) + ") must be at least 1");
   if (e.rank < 0 || e.rank >= e.world_size)
     throw config_error("mpx: RANK (" + std::to_string(e.rank) + ") must be in [0, WORLD_SIZE = " + std::to_string(e.world_size) + ")");

@@ -20,8 +20,10 @@
 
 #include <cerrno>    // errno
 #include <chrono>    // std::chrono
-#include <cstdio>    // std::fwrite
+#include <cstdio>    // std::fwrite, std::fprintf
+#include <cstdlib>   // std::getenv
 #include <cstring>   // std::strerror
+#include <random>    // std::random_device
 #include <string>    // std::string
 #include <vector>    // std::vector
 
@@ -44,6 +46,30 @@ namespace detail
 {
 inline volatile sig_atomic_t launch_signal = 0;
 inline void on_launch_signal(int sig) { launch_signal = sig; }
+
+/// A per-run secret: 128 random bits as hex (std::random_device reads the kernel's generator).
+inline std::string make_secret()
+{
+  std::random_device rd;
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  for (int i = 0; i < 4; ++i) {
+    const std::uint32_t x = rd();
+    for (int k = 0; k < 8; ++k) out += hex[(x >> (4 * k)) & 15];
+  }
+  return out;
+}
+
+/// The run's store secret: MPX_STORE_SECRET when set, a fresh one for a single node, none (with a warning)
+/// for several nodes, whose launchers cannot agree on a fresh one.
+inline std::string store_secret(int nnodes)
+{
+  if (const char* s = std::getenv("MPX_STORE_SECRET"); s != nullptr && *s != 0) return s;
+  if (nnodes == 1) return make_secret();
+  std::fprintf(stderr, "mpx::launch: several nodes and no MPX_STORE_SECRET: the run's store keys are open to anyone who reaches "
+                       "MASTER_PORT; export the same MPX_STORE_SECRET on every node (e.g. openssl rand -hex 16)\n");
+  return {};
+}
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 inline int free_port()
@@ -121,6 +147,7 @@ inline int launch(const LaunchOptions& o, const std::vector<std::string>& argv)
     throw config_error("mpx::launch: several nodes need an agreed --master-port; pass the same one on every node");
   const int port = o.master_port != 0 ? o.master_port : free_port();
   const int world = o.nnodes * o.nproc_per_node;
+  const std::string secret = store_secret(o.nnodes);
 
   struct sigaction sa{};
   sa.sa_handler = on_launch_signal;
@@ -152,6 +179,7 @@ inline int launch(const LaunchOptions& o, const std::vector<std::string>& argv)
       ::setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
       ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      if (!secret.empty()) ::setenv("MPX_STORE_SECRET", secret.c_str(), 1);
       std::vector<char*> args;
       for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
       args.push_back(nullptr);

@@ -4,7 +4,10 @@
 /// How the ranks of a job find each other. `make_store` joins the rendezvous store at MASTER_ADDR:PORT:
 /// rank 0 serves it (mpxrun, srun, mpirun), or every rank joins as a client the one torchrun's agent
 /// already serves (TORCHELASTIC_USE_AGENT_STORE); the run's keys live under a prefix of the restart
-/// (`mpx/<restart>/`, TORCHELASTIC_RESTART_COUNT), so a restarted job never reads an earlier attempt's.
+/// (`mpx/<restart>/`, TORCHELASTIC_RESTART_COUNT), so a restarted job never reads an earlier attempt's —
+/// and under the run's secret (`MPX_STORE_SECRET`, which mpxrun and relaunch_self create for a single node):
+/// LibTorch 1.13's store has no authentication and listens on every interface, and it cannot list keys, so
+/// a client that does not know the secret can neither read nor change the run's keys (it cannot name them).
 /// `gloo_endpoint` chooses where this rank's Gloo groups listen: the interface GLOO_SOCKET_IFNAME names, or
 /// this host's address of the route to MASTER_ADDR (never what the host name resolves to: loopback on a
 /// default Debian). `check_reachable`, before Gloo tries: every rank listens on that address, publishes it
@@ -57,7 +60,8 @@ inline c10::intrusive_ptr<c10d::Store> make_store(const Env& env, std::chrono::m
                        " ms (are all WORLD_SIZE=" + std::to_string(env.world_size) + " ranks started, with the same "
                        "MASTER_ADDR/MASTER_PORT?): " + e.what());
   }
-  return c10::make_intrusive<c10d::PrefixStore>("mpx/" + std::to_string(env.restart_count) + "/", store);
+  const std::string prefix = "mpx/" + std::to_string(env.restart_count);  // PrefixStore adds the "/"
+  return c10::make_intrusive<c10d::PrefixStore>(env.store_secret.empty() ? prefix : env.store_secret + "/" + prefix, store);
 }
 
 namespace detail
