@@ -221,7 +221,7 @@ inline void init_answer_prior(const std::map<std::string, at::Tensor>& w, const 
   auto counts = torch::zeros({c.text.vocab_size}, torch::kDouble);
   auto acc = counts.accessor<double, 1>();
   for (std::size_t i = 0; i < std::min<std::size_t>(2000, train.size()); ++i) {
-    auto ids = tok.encode(" " + train.answer(i));
+    auto ids = tok.encode(std::string(1, ' ').append(train.answer(i)));  // not " " + string: GCC 12 -Wstringop-overflow
     ids.push_back(c.tokenizer.eos_id);
     for (int id : ids)
       if (id >= 0 && id < c.text.vocab_size) acc[id] += 1;

@@ -92,7 +92,7 @@ inline std::string as_format(const std::string& pattern)
   int group = 0, depth = 0;
   for (std::size_t i = 0; i < pattern.size(); ++i) {
     const char ch = pattern[i];
-    if (ch == '(' && depth++ == 0) out += "$" + std::to_string(++group);
+    if (ch == '(' && depth++ == 0) out.append(1, '$').append(std::to_string(++group));  // not "$" + string: GCC 12 -Wstringop-overflow
     else if (ch == ')') --depth;
     else if (depth == 0) {
       if (ch == '\\' && i + 1 < pattern.size()) out += pattern[++i];

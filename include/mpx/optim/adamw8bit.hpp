@@ -15,6 +15,7 @@
 
 #include <algorithm>      // std::clamp, std::all_of, std::fill
 #include <cmath>          // std::pow, std::sqrt
+#include <cstdio>         // std::snprintf
 #include <cstring>        // std::memcpy
 #include <string>         // std::string
 #include <unordered_map>  // std::unordered_map
@@ -268,6 +269,15 @@ class AdamW8bitOptimizer : public torch::optim::Optimizer
     return n;
   }
 
+  /// "p<i>": parameter i's entries in the archive (built without `"p" + std::string`, which GCC 12 at -O2
+  /// reports as a -Wstringop-overflow in libstdc++'s own code).
+  static std::string state_key(std::int64_t i)
+  {
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "p%lld", static_cast<long long>(i));
+    return buf;
+  }
+
   /// Writes moments, steps and hyper-parameters (LibTorch's own optimizer serialisation drops the latter).
   void save(torch::serialize::OutputArchive& archive) const override
   {
@@ -276,7 +286,7 @@ class AdamW8bitOptimizer : public torch::optim::Optimizer
                                          torch::kDouble));
     std::int64_t i = 0;
     for (auto& p : param_groups().at(0).params()) {
-      const std::string k = "p" + std::to_string(i++);
+      const std::string k = state_key(i++);
       auto it = state_.find(p.unsafeGetTensorImpl());
       if (it == state_.end()) continue;
       const State& s = it->second;
@@ -302,7 +312,7 @@ class AdamW8bitOptimizer : public torch::optim::Optimizer
     o.lr(hp[0]).betas({hp[1], hp[2]}).eps(hp[3]).weight_decay(hp[4]);
     std::int64_t i = 0;
     for (auto& p : param_groups().at(0).params()) {
-      const std::string k = "p" + std::to_string(i++);
+      const std::string k = state_key(i++);
       at::Tensor step;
       if (!archive.try_read(k + ".step", step)) continue;
       State s;
