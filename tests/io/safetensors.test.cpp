@@ -4,8 +4,11 @@
 
 #include <mpx/io/safetensors.hpp>
 
+#include <sys/stat.h>  // mkfifo
+
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 namespace
 {
@@ -142,4 +145,49 @@ TEST_CASE("Every corrupt file is an error naming the file and the rule", "[safet
   forge(p, ok, data);
   CHECK(torch::equal(mpx::load_safetensors(p).tensors["x"], torch::zeros({2})));  // the well-formed twin loads
   std::filesystem::remove(p);
+}
+
+TEST_CASE("2,000 seeded mutations of a real file: each loads or is a config_error; a FIFO is refused at once", "[safetensors][fuzz]")
+{
+  const std::string good = tmp("fuzz-seed.safetensors"), bad = tmp("fuzz.safetensors");
+  mpx::save_safetensors(good, {{"a", torch::arange(6, torch::kFloat).reshape({2, 3})}, {"b", torch::ones({4}, torch::kLong)},
+                               {"c", torch::zeros({0})}}, {{"step", "3"}});
+  std::ifstream in(good, std::ios::binary);
+  const std::string seed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::mt19937_64 rng(20261201);
+  const char* tokens[] = {"0", "-1", "18446744073709551615", "4611686018427387904", "[", "]", "{", "}", ",", "\"", "F64", "BOOL", "null", "1e300"};
+  int loaded = 0, refused = 0;
+  for (int k = 0; k < 2000; ++k) {
+    std::string m = seed;
+    const int kind = int(rng() % 4), n = 1 + int(rng() % 3);
+    for (int j = 0; j < n; ++j) {
+      const std::size_t at = rng() % m.size();
+      if (kind == 0) m[at] = char(m[at] ^ char(1 << (rng() % 8)));
+      else if (kind == 1) m[at] = char(rng());
+      else if (kind == 2) m.insert(at, tokens[rng() % std::size(tokens)]);
+      else m.erase(at, 1 + rng() % 8);
+    }
+    std::ofstream(bad, std::ios::binary | std::ios::trunc) << m;
+    try {
+      auto st = mpx::load_safetensors(bad);
+      for (auto& [name, t] : st.tensors) (void)t.sum().item<double>();  // every loaded tensor is readable
+      ++loaded;
+    } catch (const mpx::config_error&) {
+      ++refused;
+    }
+  }
+  CHECK(loaded + refused == 2000);
+  CHECK(refused > 500);
+  const std::string fifo = tmp("fifo.safetensors");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(mpx::load_safetensors(fifo), Catch::Contains("is not a regular file"));
+  for (const auto& f : {good, bad, fifo}) std::filesystem::remove(f);
+}
+
+TEST_CASE("Regression: a shape whose byte count wraps around 2^64 is refused, not mapped", "[safetensors][fuzz]")
+{
+  // 2^62 float64 elements need 2^65 bytes: unchecked, the product wraps to 0 and matched an empty range
+  forge(tmp("wrap.safetensors"), R"({"x": {"dtype": "F64", "shape": [4611686018427387904], "data_offsets": [0, 0]}})", "");
+  CHECK_THAT(load_error(tmp("wrap.safetensors")), Catch::Contains("has a shape too large to address (4611686018427387904 elements of 8 bytes)"));
+  std::filesystem::remove(tmp("wrap.safetensors"));
 }

@@ -84,10 +84,13 @@ inline Safetensors load_safetensors(const std::string& path)
   auto fail = [&](const std::string& what) {
     throw config_error("mpx: " + path + " is not a valid safetensors file: " + what);
   };
-  const int fd = ::open(path.c_str(), O_RDONLY);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK);  // a FIFO opens without waiting for a writer
   if (fd < 0) throw config_error("mpx: cannot open " + path + ": " + std::strerror(errno));
   struct stat st{};
-  ::fstat(fd, &st);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw config_error("mpx: " + path + " is not a regular file (a FIFO, device or directory); pass a safetensors file");
+  }
   auto map = std::make_shared<detail::Mapping>();
   map->size = std::size_t(st.st_size);
   if (map->size < 8) {
@@ -141,6 +144,9 @@ inline Safetensors load_safetensors(const std::string& path)
     for (auto& o : e["data_offsets"])
       if (!o.is_number_unsigned()) fail(where + " has a negative or non-integer data offset");
     const auto b = e["data_offsets"][0].get<std::uint64_t>(), en = e["data_offsets"][1].get<std::uint64_t>();
+    if (count > ~std::uint64_t(0) / c10::elementSize(type))  // before multiplying: count * size would wrap
+      fail(where + " has a shape too large to address (" + std::to_string(count) + " elements of " +
+           std::to_string(c10::elementSize(type)) + " bytes)");
     const std::uint64_t need = count * c10::elementSize(type);
     if (b > en || en > data_size)
       fail(where + " spans bytes [" + std::to_string(b) + ", " + std::to_string(en) + ") of a " + std::to_string(data_size) +
