@@ -6,7 +6,7 @@
 
 using namespace mpx;
 
-TEST_CASE("Device tags model Device; other types do not", "[device][static]")
+TEST_CASE("Device tags model Device, other types do not", "[device][static]")
 {
   STATIC_REQUIRE(Device<GPU<0>>);
   STATIC_REQUIRE(Device<GPU<7>>);

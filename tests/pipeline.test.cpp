@@ -47,7 +47,7 @@ TEST_CASE("Layer ranges exchange the module's hidden type", "[pipeline][static]"
   STATIC_REQUIRE(std::is_same_v<FourStage::output_of<0>, Pair>);
 }
 
-TEST_CASE("Compressed schedules are proved at compile time whatever m is; large flat tables at start-up", "[pipeline]")
+TEST_CASE("Compressed schedules are proved at compile time whatever m is, large flat tables at start-up", "[pipeline]")
 {
   STATIC_REQUIRE(TwoStage::proved_at_compile_time);
   STATIC_REQUIRE(proof_v<TwoStage>.ok());

@@ -41,7 +41,7 @@ TEST_CASE("GPipe and 1F1B: expected bubble is (p-1)/(m+p-1)", "[schedule]")
     }
 }
 
-TEST_CASE("1F1B: rank r holds at most min(p - r, m) micro-batches in flight; GPipe holds m", "[schedule]")
+TEST_CASE("1F1B: rank r holds at most min(p - r, m) micro-batches in flight, GPipe holds m", "[schedule]")
 {
   for (int p : {2, 3, 4, 8})
     for (int m : {1, 2, 3, 4, 8, 16, 32}) {

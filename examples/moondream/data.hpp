@@ -11,6 +11,7 @@
 /// Images are decoded with stb_image (PNG, JPEG, BMP, GIF, ...).
 
 #include "config.hpp"     // moondream::Config
+#include "files.hpp"      // moondream::check_regular_file, read_line, max_*_bytes
 #include "image.hpp"      // moondream::overlap_crops, normalize
 #include "model.hpp"      // moondream::Batch
 #include "tokenizer.hpp"  // moondream::Tokenizer
@@ -47,25 +48,6 @@ class Dataset
   /// Sample i's answer alone (a file-backed set answers without decoding the image).
   virtual std::string answer(std::size_t i) const { return get(i).answer; }
 };
-
-/// The largest image file (bytes) and data file a run reads: a bound on every read.
-inline constexpr std::uintmax_t max_image_bytes = std::uintmax_t(64) << 20;
-inline constexpr std::uintmax_t max_data_bytes = std::uintmax_t(16) << 30;
-
-/// Checks that `path` is a regular file (not a FIFO, device or directory, which could block or never end)
-/// of at most `limit` bytes, and returns its size; `what` names it in the error.
-inline std::uintmax_t check_regular_file(const std::string& path, std::uintmax_t limit, const std::string& what)
-{
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const auto st = fs::status(path, ec);
-  if (ec || !fs::exists(st)) throw mpx::config_error("moondream: " + what + " " + path + " does not exist; fix the path");
-  if (!fs::is_regular_file(st)) throw mpx::config_error("moondream: " + what + " " + path + " is not a regular file (a FIFO, device or directory); pass a file");
-  const auto size = fs::file_size(path, ec);
-  if (ec || size > limit)
-    throw mpx::config_error("moondream: " + what + " " + path + " is larger than " + std::to_string(limit >> 20) + " MiB; is it the right file?");
-  return size;
-}
 
 /// Decodes an image file to (H, W, 3) uint8. Only a regular file of at most max_image_bytes is read, and
 /// never more than its checked size.
@@ -180,7 +162,7 @@ class JsonlVqa : public Dataset
     if (!in) throw mpx::config_error("moondream: cannot read data file " + path + "; pass a JSONL file (--data)");
     const auto dir = std::filesystem::path(path).parent_path();
     std::string line;
-    for (int no = 1; std::getline(in, line); ++no) {
+    for (int no = 1; read_line(in, line, path + ":" + std::to_string(no)); ++no) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const std::string where = path + ":" + std::to_string(no);
       nlohmann::json j;
@@ -196,7 +178,10 @@ class JsonlVqa : public Dataset
         return j[k].get<std::string>();
       };
       Item it;
-      auto img = std::filesystem::path(str("image"));
+      const std::string image = str("image");
+      if (image.empty() || image.find('\0') != std::string::npos)
+        throw mpx::config_error("moondream: " + where + ": the image path is empty or holds a NUL character; fix the line");
+      auto img = std::filesystem::path(image);
       it.image = (img.is_absolute() ? img : dir / img).string();
       if (j.is_object() && j.contains("description")) {
         it.question = "Describe this image.";
@@ -205,9 +190,11 @@ class JsonlVqa : public Dataset
         it.question = str("question");
         it.answer = str("answer");
       }
-      if (!std::filesystem::exists(it.image))
+      std::error_code ec;
+      const auto st = std::filesystem::status(it.image, ec);  // the error_code form: a path too long or unreadable is no exception
+      if (ec || !std::filesystem::exists(st))
         throw mpx::config_error("moondream: " + where + ": image " + it.image + " does not exist; fix the path (relative to the JSONL file)");
-      if (!std::filesystem::is_regular_file(it.image))
+      if (!std::filesystem::is_regular_file(st))
         throw mpx::config_error("moondream: " + where + ": image " + it.image + " is not a regular file (a FIFO, device or directory); pass a file");
       it.where = where;
       items_.push_back(std::move(it));

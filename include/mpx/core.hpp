@@ -17,6 +17,7 @@
 #include <mpx/print.hpp>        // mpx::print
 #include <mpx/proof.hpp>        // mpx::prove, mpx::Proof
 #include <mpx/runs.hpp>         // mpx::RunTable, mpx::to_table
+#include <mpx/shape.hpp>        // mpx::Dims, mpx::any, mpx::DeclaresShape
 #include <mpx/schedule.hpp>     // mpx::GPipe, mpx::OneFOneB, mpx::Interleaved1F1B, mpx::ZBH1
 #include <mpx/stage.hpp>        // mpx::Stage
 #include <mpx/tensor.hpp>       // mpx::TensorLike

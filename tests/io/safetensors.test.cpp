@@ -89,7 +89,7 @@ TEST_CASE("Written files follow the format: dtype names, offsets, alignment", "[
   std::filesystem::remove(path);
 }
 
-TEST_CASE("Loaded tensors map the file copy-on-write; saving replaces atomically", "[safetensors]")
+TEST_CASE("Loaded tensors map the file copy-on-write, saving replaces atomically", "[safetensors]")
 {
   const auto path = tmp("cow.safetensors");
   mpx::save_safetensors(path, {{"w", torch::zeros({1024})}});
@@ -147,7 +147,7 @@ TEST_CASE("Every corrupt file is an error naming the file and the rule", "[safet
   std::filesystem::remove(p);
 }
 
-TEST_CASE("2,000 seeded mutations of a real file: each loads or is a config_error; a FIFO is refused at once", "[safetensors][fuzz]")
+TEST_CASE("2,000 seeded mutations of a real file: each loads or is a config_error, a FIFO is refused at once", "[safetensors][fuzz]")
 {
   const std::string good = tmp("fuzz-seed.safetensors"), bad = tmp("fuzz.safetensors");
   mpx::save_safetensors(good, {{"a", torch::arange(6, torch::kFloat).reshape({2, 3})}, {"b", torch::ones({4}, torch::kLong)},

@@ -111,7 +111,7 @@ TEST_CASE("Inputs that need no gradient and integer outputs pass through", "[che
   CHECK(w.grad().defined());
 }
 
-TEST_CASE("checkpoint_block: a plain call unless BlockCheckpointing is on; on, the plain run's gradients", "[checkpoint][torch]")
+TEST_CASE("checkpoint_block: a plain call unless BlockCheckpointing is on, on, the plain run's gradients", "[checkpoint][torch]")
 {
   // three blocks with dropout, each marked with checkpoint_block, as a module's forward would
   auto run_blocks = [](bool on) {

@@ -3,7 +3,7 @@
 // inf found, clipping to the limit, unscaling.
 #include "support/rooms.hpp"
 
-TEST_CASE("The step's collective reports loss, norm and inf; clip brings the norm to the limit", "[rooms][grad_stats]")
+TEST_CASE("The step's collective reports loss, norm and inf, clip brings the norm to the limit", "[rooms][grad_stats]")
 {
   auto w = test::one_rank_world<rooms::P1>();
   auto a = torch::zeros({2}).requires_grad_(true), b = torch::zeros({1}).requires_grad_(true);

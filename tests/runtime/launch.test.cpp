@@ -44,7 +44,7 @@ TEST_CASE("mpxrun computes global ranks for several nodes", "[launch]")
   CHECK(out.find("[rank 5] r=5 w=6") != std::string::npos);
 }
 
-TEST_CASE("One failing rank ends the others; mpxrun exits with its status", "[launch]")
+TEST_CASE("One failing rank ends the others, mpxrun exits with its status", "[launch]")
 {
   const auto t0 = std::chrono::steady_clock::now();
   auto [code, out] = sh(mpxrun + " --nproc-per-node 3 --grace-ms 2000 sh -c 'if [ $RANK = 1 ]; then exit 7; fi; sleep 60'");

@@ -13,6 +13,18 @@
 
 namespace
 {
+/// The tiny model, but its layer ranges declare a (B, T·D) boundary while handing on (B, T, D): the
+/// receiving stage must stop at the wire, naming the stage, the field and both shapes.
+struct MisdeclaredImpl : tiny::ModelImpl
+{
+  using hidden_type = mpx::Ranked<2>;
+  using tiny::ModelImpl::ModelImpl;
+};
+TORCH_MODULE(Misdeclared);
+using PMisdeclared = mpx::Pipeline<mpx::Stage<Misdeclared, mpx::CPU<0>, mpx::Layers<0, 3>>,
+                                   mpx::Stage<Misdeclared, mpx::CPU<1>, mpx::Layers<3, 6>>, mpx::Microbatches<2>,
+                                   mpx::Batch<tiny::Batch>>;
+
 template <class P>
 int train(const std::string& out, int kill_rank, int kill_step, std::chrono::milliseconds timeout = std::chrono::seconds(30),
           mpx::RunSettings settings = {})
@@ -25,7 +37,7 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
   auto make = [](auto stage) {
     using S = typename P::template stage<decltype(stage)::value>;
     torch::manual_seed(100 + decltype(stage)::value);
-    return tiny::Model(scenario::config, S::layer_begin, S::layer_end == mpx::to_end ? scenario::config.layers : S::layer_end);
+    return typename S::module(scenario::config, S::layer_begin, S::layer_end == mpx::to_end ? scenario::config.layers : S::layer_end);
   };
   auto options = scenario::options();
   const char* trace = std::getenv("MPX_TEST_TRACE");
@@ -182,6 +194,7 @@ int run(const std::string& name, const std::string& out, int kill_rank, int kill
     return train<P2<mpx::OneFOneB>>(out, -1, -1, std::chrono::seconds(30), {{"config", "tiny"}, {"seed", seed}});
   }
   if (name == "wire") return wire();
+  if (name == "misdeclared") return train<PMisdeclared>(out, -1, -1, std::chrono::seconds(10));
   if (name == "kill") return train<P3<mpx::OneFOneB>>(out, kill_rank, kill_step, std::chrono::seconds(10));
   std::cerr << "unknown scenario " << name << "\n";
   return 2;

@@ -56,7 +56,7 @@ TEST_CASE("The Gloo endpoint: loopback for a local master, GLOO_SOCKET_IFNAME wh
   CHECK_THROWS_WITH(mpx::detail::gloo_endpoint(e), Catch::Contains("no route to MASTER_ADDR=no-such-host.invalid"));
 }
 
-TEST_CASE("An address nobody listens on is named; a store that is not there is a config_error within the timeout", "[rooms][rendezvous]")
+TEST_CASE("An address nobody listens on is named, a store that is not there is a config_error within the timeout", "[rooms][rendezvous]")
 {
   const int port = mpx::detail::free_port();
   CHECK(mpx::detail::try_connect("127.0.0.1", port, std::chrono::milliseconds(500)).find("refused") != std::string::npos);

@@ -73,8 +73,6 @@ std::vector<double> losses_of(const std::string& out)
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
 
-/// Runs a scenario and compares it with the single-process reference: losses within `loss_tol` relative,
-/// every parameter within `param_tol` relative to its largest element (negative: not compared).
 /// Compares a run's rank-0 output (its "loss <step> <value>" lines) and the stage parameters its ranks
 /// saved into `dir` with the single-process reference: losses within `loss_tol` relative, every parameter
 /// within `param_tol` relative to its largest element (negative: not compared).
@@ -247,6 +245,19 @@ TEST_CASE("Messages whose layout changes (shape, wire dtype, absent and empty fi
   INFO(all_output(res));
   for (auto& r : res) CHECK(r.code == 0);
   CHECK(res[1].output.find("wire ok") != std::string::npos);
+}
+
+TEST_CASE("A boundary tensor of another rank than its type declares stops the receiver at the wire, naming stage, field and both shapes", "[runtime][wire][errors]")
+{
+  auto res = test::spawn(2, {MPX_RANK_EXE, "misdeclared", "/tmp"}, std::chrono::seconds(60));
+  INFO(all_output(res));
+  CHECK(res[1].code == 1);
+  CHECK(res[1].seconds < 30);
+  const std::string want = "field 'tensor' of stage 1 has shape [6, 8, 16] but the boundary mpx::Shaped<-1, -1> declares [any, any] (rank 3, declared 2)";
+  CHECK(res[1].output.find(want) != std::string::npos);
+  CHECK(res[1].output.find("step 0, action 0 RF0 of stage 1, peer rank 0") != std::string::npos);
+  CHECK(res[0].code == 1);  // its peer is gone: a named error, not a hang
+  CHECK(res[0].seconds < 30);
 }
 
 TEST_CASE("Rank 0 writes one Chrome trace of every rank and prints the measured bubble", "[runtime][trace]")

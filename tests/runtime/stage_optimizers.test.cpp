@@ -14,7 +14,7 @@ void fill_grads(const std::vector<at::Tensor>& ps)
 }
 }  // namespace
 
-TEST_CASE("An SGD stage steps at lr x its scale; zero keeps the gradient buffers", "[rooms][stage_optimizers]")
+TEST_CASE("An SGD stage steps at lr x its scale, zero keeps the gradient buffers", "[rooms][stage_optimizers]")
 {
   mpx::TrainOptions o;
   o.lr_scale = {0.5};
@@ -33,7 +33,7 @@ TEST_CASE("An SGD stage steps at lr x its scale; zero keeps the gradient buffers
   CHECK(p.grad().abs().sum().item<double>() == 0);
 }
 
-TEST_CASE("A frozen stage has no optimizer; make_optimizer replaces the policy's", "[rooms][stage_optimizers]")
+TEST_CASE("A frozen stage has no optimizer, make_optimizer replaces the policy's", "[rooms][stage_optimizers]")
 {
   mpx::StageSet<rooms::P1Frozen> frozen(0, torch::kCPU, rooms::make, {});
   CHECK(!mpx::StageOptimizers(frozen, {}).has(0));
@@ -50,7 +50,7 @@ TEST_CASE("A frozen stage has no optimizer; make_optimizer replaces the policy's
   CHECK(dynamic_cast<torch::optim::AdamW*>(&mpx::StageOptimizers(set, {}).at(0)) != nullptr);  // the default
 }
 
-TEST_CASE("AdamW state saved and loaded continues identically; a corrupt file names itself", "[rooms][stage_optimizers]")
+TEST_CASE("AdamW state saved and loaded continues identically, a corrupt file names itself", "[rooms][stage_optimizers]")
 {
   const std::string dir = test::scratch_dir("mpx-stage-optimizers");
   mpx::StageSet<rooms::P1> a(0, torch::kCPU, rooms::make, {}), b(0, torch::kCPU, rooms::make, {});

@@ -10,7 +10,7 @@ using P2 = mpx::Pipeline<mpx::Stage<tiny::Model, mpx::CPU<0>, mpx::Layers<0, 3>>
                          mpx::Microbatches<2>, mpx::Batch<tiny::Batch>>;
 }
 
-TEST_CASE("A slot builds only its own stages; visit dispatches a run-time index once", "[rooms][stage_set]")
+TEST_CASE("A slot builds only its own stages, visit dispatches a run-time index once", "[rooms][stage_set]")
 {
   int built = 0;
   auto make = [&](auto stage) {
@@ -27,14 +27,14 @@ TEST_CASE("A slot builds only its own stages; visit dispatches a run-time index 
   CHECK_THROWS_WITH(slot1.module<0>(), Catch::Contains("stage 0 lives on slot 0") && Catch::Contains("holds(0)"));
   CHECK(mpx::StageSet<P2>::wire_dtype(1) == at::kBFloat16);
   CHECK(mpx::StageSet<P2>::wire_dtype(0) == at::kFloat);
-  CHECK(slot1.input_names(1) == std::vector<std::string>{"tensor"});
+  CHECK(slot1.input_boundary(1).names == std::vector<std::string>{"tensor"});
   int seen = -1, calls = 0;
   mpx::StageSet<P2>::visit(1, [&](auto i) { seen = decltype(i)::value, ++calls; });
   CHECK(seen == 1);
   CHECK(calls == 1);
 }
 
-TEST_CASE("A stage's forward is its module's; its state names parameters and buffers", "[rooms][stage_set]")
+TEST_CASE("A stage's forward is its module's, its state names parameters and buffers", "[rooms][stage_set]")
 {
   mpx::StageSet<rooms::P1> set(0, torch::kCPU, rooms::make, {});
   auto ref = rooms::make_model();

@@ -74,6 +74,24 @@ TEST_CASE("A header that breaks the boundary or its own format is a named peer_e
   CHECK_THROWS_AS(receive(broken([](at::Tensor& m) { field(m, 0)[2] = 4; })), mpx::peer_error);
 }
 
+TEST_CASE("A field of another shape than its boundary declares is a peer_error naming stage, field and both shapes", "[rooms][wire]")
+{
+  const auto msg = packed_message({torch::ones({4, 3}), torch::ones({5})});
+  auto declared = [](std::vector<std::optional<std::vector<std::int64_t>>> dims) {
+    auto e = pair_expect();
+    e.dims = std::move(dims);
+    return e;
+  };
+  CHECK(receive(msg, declared({std::vector<std::int64_t>{mpx::any, 3}, std::nullopt})).size() == 2);  // any extent, an undeclared field
+  CHECK(receive(msg, declared({std::vector<std::int64_t>{4, 3}, std::vector<std::int64_t>{5}})).size() == 2);
+  using Catch::Contains;
+  CHECK_THROWS_WITH(receive(msg, declared({std::vector<std::int64_t>{mpx::any, mpx::any, 3}})),
+                    Contains("field 'a' of stage 1 has shape [4, 3] but the boundary Pair declares [any, any, 3] (rank 2, declared 3)"));
+  CHECK_THROWS_WITH(receive(msg, declared({std::nullopt, std::vector<std::int64_t>{6}})),
+                    Contains("field 'b' of stage 1 has shape [5] but the boundary Pair declares [6]"));
+  CHECK_THROWS_AS(receive(msg, declared({std::vector<std::int64_t>{4, 2}})), mpx::peer_error);
+}
+
 TEST_CASE("The sender refuses a boundary the header cannot describe, naming the fix", "[rooms][wire]")
 {
   std::vector<at::Tensor> many(17, torch::ones({1}));

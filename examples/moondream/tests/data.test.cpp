@@ -59,7 +59,7 @@ TEST_CASE("Generated set: deterministic by seed and index, every kind present, a
   CHECK(answers["describe"].count("red circle on the left") + answers["describe"].count("blue square on the right") > 0);
 }
 
-TEST_CASE("JSONL and DOCCI lines load; PNG round trip; errors name file and line", "[moondream][data]")
+TEST_CASE("JSONL and DOCCI lines load, PNG round trip, errors name file and line", "[moondream][data]")
 {
   const auto dir = tmpdir("jsonl");
   moondream::ShapesVqa gen(3, 1, 64);

@@ -69,7 +69,7 @@ TEST_CASE("Partial rotary rotates the first rot dims only and keeps dot products
   CHECK(dot(10, 3) == Approx(dot(20, 13)).epsilon(1e-4));
 }
 
-TEST_CASE("Forward shapes: vision, text ranges, whole model; ranges compose to the whole", "[moondream][model]")
+TEST_CASE("Forward shapes: vision, text ranges, whole model, ranges compose to the whole", "[moondream][model]")
 {
   auto c = small();
   torch::manual_seed(0);
@@ -99,7 +99,7 @@ TEST_CASE("Forward shapes: vision, text ranges, whole model; ranges compose to t
   CHECK(loss.item<double>() == Approx(ref.item<double>()).epsilon(1e-5));
 }
 
-TEST_CASE("Vision: several tilings in one batch; a local crop changes only its sample", "[moondream][model]")
+TEST_CASE("Vision: several tilings in one batch, a local crop changes only its sample", "[moondream][model]")
 {
   auto c = small();
   c.vision.max_crops = 4;
@@ -117,7 +117,7 @@ TEST_CASE("Vision: several tilings in one batch; a local crop changes only its s
   CHECK(!torch::allclose(y2[1], y[1]));
 }
 
-TEST_CASE("The cached decoder gives the logits of a full forward; GQA runs", "[moondream][model]")
+TEST_CASE("The cached decoder gives the logits of a full forward, GQA runs", "[moondream][model]")
 {
   for (int kv : {2, 1}) {
     auto c = small();

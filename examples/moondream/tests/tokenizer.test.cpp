@@ -38,7 +38,7 @@ TEST_CASE("Pre-tokeniser follows GPT-2's pattern", "[moondream][tokenizer]")
   CHECK(moondream::Tokenizer::pretokenize("x  ") == V{"x", "  "});
 }
 
-TEST_CASE("Agrees with gpt-3-encoder on 1200 generated strings; decode inverts encode", "[moondream][tokenizer]")
+TEST_CASE("Agrees with gpt-3-encoder on 1200 generated strings, decode inverts encode", "[moondream][tokenizer]")
 {
   std::ifstream in(MOONDREAM_TOKENIZER_REFERENCE);
   REQUIRE(in.good());

@@ -11,8 +11,9 @@
 /// the run (`mpx: rank 1 (slot 1, replica 0), step 2, action 7 F3 of stage 1[, peer rank 0]: ...`; steps
 /// and micro-batches are 0-based) — then the values, the rule and the fix.
 
-#include <stdexcept>  // std::invalid_argument, std::runtime_error
-#include <string>     // std::string
+#include <stdexcept>    // std::invalid_argument, std::runtime_error
+#include <string>       // std::string
+#include <string_view>  // std::string_view
 
 namespace mpx
 {
@@ -34,5 +35,14 @@ struct stage_error : std::runtime_error
 {
   using std::runtime_error::runtime_error;
 };
+
+namespace detail
+{
+/// `where` as the start of a message: with the `mpx: ` prefix, added unless it is there.
+inline std::string error_start(std::string_view where)
+{
+  return where.starts_with("mpx: ") ? std::string(where) : "mpx: " + std::string(where);
+}
+}  // namespace detail
 
 }  // namespace mpx

@@ -26,6 +26,7 @@
 #include <functional>  // std::function
 #include <memory>      // std::unique_ptr
 #include <string>      // std::string
+#include <string_view> // std::string_view
 #include <vector>      // std::vector
 
 namespace mpx
@@ -107,6 +108,7 @@ class Executor
     } catch (const config_error&) {
       throw;
     } catch (const peer_error& e) {
+      if (std::string_view(e.what()).starts_with("mpx: rank ")) throw;  // located already (a receive names its own action)
       throw peer_error(context(a, k, true) + ": " + e.what());
     } catch (const std::exception& e) {
       throw stage_error(context(a, k, false) + ": stage " + std::to_string(a.stage) + " failed: " + e.what());
@@ -217,7 +219,8 @@ class Executor
   {
     const int ch = channel_of(a.op, a.stage), from = P::slots[peer_stage(a.op, a.stage, N)], ms = message_stage(ch);
     const bool grad = is_gradient_channel(ch);
-    Expect e{ms, int(a.mb), grad, stages_.input_names(ms), (grad ? "gradients of " : "") + stages_.input_type(ms)};
+    const auto& in = stages_.input_boundary(ms);
+    Expect e{ms, int(a.mb), grad, in.names, (grad ? "gradients of " : "") + in.type, in.dims};
     return links_.post(from, ch, std::move(e), context(a, k, true));
   }
 

@@ -52,8 +52,7 @@ class StageSet
   {
     for (int s = 0; s < N; ++s) mine_.push_back(P::slots[s] == slot);
     params_.resize(N);
-    names_.resize(N);
-    boundaries_.resize(N);
+    inputs_.resize(N);
     for (int s = 0; s < N; ++s) visit(s, [&](auto i) { build<decltype(i)::value>(make); });
   }
 
@@ -114,9 +113,15 @@ class StageSet
     });
     return w;
   }
-  /// Field names and type name of stage s's input boundary, for error messages.
-  const std::vector<std::string>& input_names(int s) const { return names_[std::size_t(s)]; }
-  const std::string& input_type(int s) const { return boundaries_[std::size_t(s)]; }
+  /// Stage s's input boundary as its receives check it: field names and the type's name (for errors),
+  /// each field's declared shape (shape.hpp).
+  struct BoundaryInfo
+  {
+    std::vector<std::string> names;
+    std::string type;
+    std::vector<detail::DeclaredDims> dims;
+  };
+  const BoundaryInfo& input_boundary(int s) const { return inputs_[std::size_t(s)]; }
 
  private:
   template <std::size_t... I>
@@ -126,8 +131,8 @@ class StageSet
   template <int I, class Make>
   void build(Make& make)
   {
-    names_[I] = detail::field_names<typename P::template input_of<I>>();
-    boundaries_[I] = std::string(detail::type_name<typename P::template input_of<I>>());
+    using In = typename P::template input_of<I>;
+    inputs_[I] = {detail::field_names<In>(), std::string(detail::type_name<In>()), detail::field_dims<In>()};
     if (!mine_[I]) return;
     auto& m = std::get<I>(modules_);
     m.emplace(make(std::integral_constant<int, I>{}));
@@ -175,8 +180,7 @@ class StageSet
   Modules modules_;
   std::vector<bool> mine_;
   std::vector<std::vector<at::Tensor>> params_;
-  std::vector<std::vector<std::string>> names_;  // field names of each stage's input boundary
-  std::vector<std::string> boundaries_;           // and its type's name
+  std::vector<BoundaryInfo> inputs_;  // each stage's input boundary
 };
 
 }  // namespace mpx

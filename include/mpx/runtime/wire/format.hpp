@@ -7,7 +7,7 @@
 /// extents — then, when packed, each tensor at a 64-byte-aligned offset after the header. Tags: two per
 /// channel (header, payload). `encode_header` writes a header; `read_header` checks one field by field
 /// (magic, stage, micro-batch, kind, field count, dtype codes, ranks, extents, sizes with overflow-checked
-/// arithmetic, the packed size against the receive's room) and every violation is a `peer_error` naming
+/// arithmetic, the packed size against the receive's room, each field's shape against its declared dims) and every violation is a `peer_error` naming
 /// the message, the field and the values — never a cast of an unchecked code or a wrapped size.
 
 #include <mpx/runtime/errors.hpp>  // mpx::peer_error, mpx::config_error
@@ -17,6 +17,7 @@
 
 #include <cstdint>  // std::int64_t
 #include <limits>   // std::numeric_limits
+#include <optional> // std::optional
 #include <sstream>  // std::ostringstream
 #include <string>   // std::string
 #include <vector>   // std::vector
@@ -50,6 +51,23 @@ inline std::string shape_text(at::IntArrayRef s)
   return o.str() + "]";
 }
 
+/// A declared shape as text: "[any, 729, 64]".
+inline std::string dims_text(const std::vector<std::int64_t>& d)
+{
+  std::string o = "[";
+  for (std::size_t i = 0; i < d.size(); ++i) o += (i ? ", " : "") + (d[i] < 0 ? std::string("any") : std::to_string(d[i]));
+  return o + "]";
+}
+
+/// Whether `shape` has the declared rank and every fixed extent of `declared`.
+inline bool fits(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& declared)
+{
+  if (shape.size() != declared.size()) return false;
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    if (declared[i] >= 0 && shape[i] != declared[i]) return false;
+  return true;
+}
+
 /// The dtypes a boundary tensor may have: what `read_header` accepts as a dtype code.
 inline bool wire_dtype_allowed(std::int64_t code)
 {
@@ -73,6 +91,8 @@ struct Expect
   bool gradient = false;
   std::vector<std::string> names;  ///< field names of the boundary type
   std::string boundary;            ///< the boundary type's name
+  /// Per field, its declared shape (shape.hpp: the extents, -1 where free), or none; empty: none declared.
+  std::vector<std::optional<std::vector<std::int64_t>>> dims = {};
 };
 
 /// One end's record of a directed channel's message sizes, for packing (Gloo only: NCCL needs a receive of
@@ -139,7 +159,7 @@ inline std::int64_t encode_header(std::int64_t* hp, int stage, int mb, bool grad
 /// negative for an exact header receive) and returns its layout. `what` names the message in errors.
 inline HeaderLayout read_header(const std::int64_t* hp, std::int64_t room, const Expect& e, const std::string& what)
 {
-  auto fail = [&](const std::string& msg) -> void { throw peer_error("mpx: " + what + ": " + msg); };
+  auto fail = [&](const std::string& msg) -> void { throw peer_error(error_start(what) + ": " + msg); };
   if (hp[0] != header_magic) fail("the message is not an mpx boundary header (peer runs another protocol version?)");
   if (hp[4] != 0 && hp[4] != 1) fail("the message's kind " + std::to_string(hp[4]) + " is neither activations (0) nor gradients (1)");
   if (hp[1] != e.stage || hp[2] != e.mb || hp[4] != (e.gradient ? 1 : 0))
@@ -178,6 +198,12 @@ inline HeaderLayout read_header(const std::int64_t* hp, std::int64_t room, const
       fl.bytes *= d;
     }
     if (fl.bytes > max_field_bytes) fail(field + " of " + shape_text(fl.shape) + " declares more than " + std::to_string(max_field_bytes) + " bytes");
+    if (i < e.dims.size() && e.dims[i] && !fits(fl.shape, *e.dims[i]))
+      fail(std::string(e.gradient ? "the gradient of " : "") + field + " of stage " + std::to_string(e.stage) + " has shape " +
+           shape_text(fl.shape) + " but the boundary " + e.boundary + " declares " + dims_text(*e.dims[i]) +
+           (fl.shape.size() != e.dims[i]->size() ? " (rank " + std::to_string(fl.shape.size()) + ", declared " +
+                                                       std::to_string(e.dims[i]->size()) + ")"
+                                                 : std::string()));
     h.payload += aligned(fl.bytes);
   }
   if (h.packed >= 0 && h.payload > h.packed)

@@ -123,7 +123,7 @@ inline std::vector<at::Tensor> finish_recv(ProcessGroupPtr& pg, PendingRecv& r, 
   for (std::size_t i = 0; i < r.out.size(); ++i) {
     if (!r.out[i].defined()) continue;
     if (r.expect.gradient && i < like.size() && like[i].defined() && like[i].sizes() != r.out[i].sizes())
-      throw peer_error("mpx: " + r.what + ": the gradient of field '" + r.expect.names[i] + "' of stage " +
+      throw peer_error(error_start(r.what) + ": the gradient of field '" + r.expect.names[i] + "' of stage " +
                        std::to_string(r.expect.stage) + " has shape " + shape_text(r.out[i].sizes()) +
                        " but the activation sent had shape " + shape_text(like[i].sizes()));
     if (r.buf[i].data_ptr() != r.out[i].data_ptr()) r.out[i].copy_(r.buf[i]);
