@@ -11,3 +11,4 @@
 #include <mpx/torch/host_memory.hpp>  // mpx::keep_host_memory
 #include <mpx/torch/shaped.hpp>  // mpx::Shaped, mpx::Ranked
 #include <mpx/torch/tensor.hpp>  // at::Tensor as mpx::TensorLike
+#include <mpx/tp.hpp>            // mpx::tp: tensor-parallel blocks

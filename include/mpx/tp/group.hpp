@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file tp/group.hpp
+/// `mpx::tp::Group`: the tensor-parallel group a split module works in — its c10d group, this rank's place
+/// in it and the size N, and the run's timeout. `mpx::tp::current()` is the group the blocks (layers.hpp)
+/// being built or run now belong to; the runtime sets it (`tp::Scope`) around a tensor-parallel stage's
+/// construction and forward, and with no scope it is the group of one (N = 1: every block is its plain
+/// LibTorch counterpart, so the same model code runs unsplit in one process). A block keeps the group it
+/// was built in. Every collective names the group, the operation and the fix when a peer fails.
+
+#include <mpx/runtime/errors.hpp>  // mpx::peer_error, mpx::config_error
+#include <mpx/runtime/world.hpp>   // mpx::ProcessGroupPtr
+
+#include <torch/torch.h>  // at::Tensor
+
+#include <chrono>   // std::chrono::milliseconds
+#include <memory>   // std::shared_ptr
+#include <string>   // std::string
+#include <utility>  // std::exchange
+#include <vector>   // std::vector
+
+namespace mpx::tp
+{
+
+/// A tensor-parallel group (see the file comment).
+struct Group : torch::CustomClassHolder
+{
+  ProcessGroupPtr pg;  ///< null for the group of one
+  int rank = 0, size = 1;
+  std::chrono::milliseconds timeout{60000};
+  std::string name = "tensor-parallel group";  ///< "tensor-parallel group of slot 1 (ranks 2..3)", for errors
+};
+using GroupPtr = c10::intrusive_ptr<Group>;
+
+namespace detail
+{
+inline GroupPtr& current_slot()
+{
+  thread_local GroupPtr g = c10::make_intrusive<Group>();
+  return g;
+}
+}  // namespace detail
+
+/// The group the blocks built or run now belong to (the group of one outside any Scope).
+inline const GroupPtr& current() { return detail::current_slot(); }
+
+/// Makes `g` the current group until the scope ends (scopes nest).
+class Scope
+{
+ public:
+  explicit Scope(GroupPtr g) : before_(std::exchange(detail::current_slot(), std::move(g))) {}
+  ~Scope() { detail::current_slot() = std::move(before_); }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  GroupPtr before_;
+};
+
+/// The sizes of `n` split `size` ways: each equal; a size N does not divide is a config_error naming `what`.
+inline std::int64_t shard_size(std::int64_t n, int size, const std::string& what)
+{
+  if (n % size != 0)
+    throw config_error("mpx::tp: " + what + " (" + std::to_string(n) + ") is not divisible by the tensor-parallel degree " +
+                       std::to_string(size) + "; choose a degree that divides it");
+  return n / size;
+}
+
+namespace detail
+{
+/// Runs collective `op` on `g`, waiting with the group's timeout; a failure is a peer_error naming the group.
+template <class Op>
+void collective(const Group& g, const char* what, Op&& op)
+{
+  try {
+    op()->wait(g.timeout);
+  } catch (const std::exception& e) {
+    throw peer_error("mpx: rank " + std::to_string(g.rank) + " of the " + g.name + ", " + what +
+                     ": a peer did not take part within the timeout (" + e.what() + ")");
+  }
+}
+}  // namespace detail
+
+/// Sums `t` over the group, in place (contiguous CPU or device tensor).
+inline void all_reduce(const Group& g, at::Tensor& t, const char* what = "all-reduce")
+{
+  if (g.size == 1) return;
+  std::vector<at::Tensor> v{t};
+  detail::collective(g, what, [&] { return g.pg->allreduce(v); });
+}
+
+/// The maximum of `t` over the group, in place.
+inline void all_reduce_max(const Group& g, at::Tensor& t, const char* what = "all-reduce (max)")
+{
+  if (g.size == 1) return;
+  std::vector<at::Tensor> v{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::MAX;
+  detail::collective(g, what, [&] { return g.pg->allreduce(v, o); });
+}
+
+/// Every member's `t` (same shape on all), in group order.
+inline std::vector<at::Tensor> all_gather(const Group& g, const at::Tensor& t, const char* what = "all-gather")
+{
+  if (g.size == 1) return {t};
+  std::vector<at::Tensor> in{t.contiguous()};
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int r = 0; r < g.size; ++r) out[0].push_back(torch::empty_like(in[0]));
+  detail::collective(g, what, [&] { return g.pg->allgather(out, in); });
+  return out[0];
+}
+
+}  // namespace mpx::tp

@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file tp/ops.hpp
+/// The autograd operators between tensor-parallel regions (Megatron-LM's conjugate pairs), each a
+/// differentiable function of one tensor over a `tp::Group`:
+/// - `copy_to(x)`: identity forward, all-reduce backward — where a replicated input enters a split region
+///   (each rank's region uses a part; the input's gradient is the sum of the parts').
+/// - `reduce_from(x)`: all-reduce forward, identity backward — where partial sums leave a split region
+///   (a row-parallel output): the result and everything after it are replicated.
+/// - `gather_from(x, dim)`: all-gather along `dim` forward, this rank's slice backward — a split output made
+///   whole (e.g. logits to print).
+/// - `scatter_to(x, dim)`: this rank's slice forward, all-gather backward — a replicated tensor split.
+/// - Sequence parallelism (arXiv 2205.05198): `gather_sequence(x, dim)` (all-gather forward, reduce-scatter
+///   backward) before a split region, `reduce_scatter_sequence(x, dim)` (reduce-scatter forward,
+///   all-gather backward) in place of `reduce_from` after it, so that the regions between (LayerNorm,
+///   residual, dropout) hold 1/N of the sequence.
+/// With a group of one every operator is the identity. `slice_of(x, dim)` is this rank's slice, as a plain
+/// (autograd-ordinary) narrow: under sequence parallelism, of a replicated parameter's output whose
+/// gradient is then summed over the group with the others (layers.hpp, `sum_replicated_gradients`).
+
+#include <mpx/tp/group.hpp>  // mpx::tp::Group, all_reduce, all_gather
+
+#include <torch/torch.h>  // torch::autograd::Function
+
+namespace mpx::tp
+{
+
+namespace detail
+{
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+inline GroupPtr group_of(AutogradContext* ctx) { return c10::static_intrusive_pointer_cast<Group>(ctx->saved_data["group"].toCapsule()); }
+
+/// The sum over the group of a fresh contiguous copy of `t`.
+inline at::Tensor summed(const Group& g, const at::Tensor& t, const char* what)
+{
+  auto out = t.contiguous().clone();
+  all_reduce(g, out, what);
+  return out;
+}
+/// The concatenation along `dim` of every member's `t`.
+inline at::Tensor gathered(const Group& g, const at::Tensor& t, int64_t dim, const char* what)
+{
+  return torch::cat(all_gather(g, t, what), dim);
+}
+/// This rank's slice along `dim`.
+inline at::Tensor sliced(const Group& g, const at::Tensor& t, int64_t dim)
+{
+  const auto n = shard_size(t.size(dim), g.size, "the split dimension of a tensor-parallel operand");
+  return t.narrow(dim, g.rank * n, n).contiguous();
+}
+/// This rank's slice along `dim` of the sum over the group.
+inline at::Tensor reduce_scattered(const Group& g, const at::Tensor& t, int64_t dim, const char* what)
+{
+  return sliced(g, summed(g, t, what), dim);  // Gloo has no reduce-scatter in 1.13: an all-reduce, then the slice
+}
+
+struct CopyTo : torch::autograd::Function<CopyTo>
+{
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, GroupPtr g)
+  {
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads)
+  {
+    return {summed(*group_of(ctx), grads[0], "backward of copy_to (the input gradient's all-reduce)"), at::Tensor()};
+  }
+};
+
+struct ReduceFrom : torch::autograd::Function<ReduceFrom>
+{
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, GroupPtr g)
+  {
+    return summed(*g, x, "reduce_from (a row-parallel output's all-reduce)");
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], at::Tensor()}; }
+};
+
+struct GatherFrom : torch::autograd::Function<GatherFrom>
+{
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, GroupPtr g, int64_t dim)
+  {
+    ctx->saved_data["dim"] = dim;
+    auto out = gathered(*g, x, dim, "gather_from (all-gather of a split output)");
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads)
+  {
+    return {sliced(*group_of(ctx), grads[0], ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct ScatterTo : torch::autograd::Function<ScatterTo>
+{
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, GroupPtr g, int64_t dim)
+  {
+    ctx->saved_data["dim"] = dim;
+    auto out = sliced(*g, x, dim);
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads)
+  {
+    return {gathered(*group_of(ctx), grads[0], ctx->saved_data["dim"].toInt(), "backward of scatter_to (all-gather)"), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+struct GatherSequence : torch::autograd::Function<GatherSequence>
+{
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, GroupPtr g, int64_t dim)
+  {
+    ctx->saved_data["dim"] = dim;
+    auto out = gathered(*g, x, dim, "gather_sequence (sequence-parallel all-gather)");
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads)
+  {
+    return {reduce_scattered(*group_of(ctx), grads[0], ctx->saved_data["dim"].toInt(), "backward of gather_sequence (reduce-scatter)"),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+struct ReduceScatterSequence : torch::autograd::Function<ReduceScatterSequence>
+{
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, GroupPtr g, int64_t dim)
+  {
+    ctx->saved_data["dim"] = dim;
+    auto out = reduce_scattered(*g, x, dim, "reduce_scatter_sequence (sequence-parallel reduce-scatter)");
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads)
+  {
+    return {gathered(*group_of(ctx), grads[0], ctx->saved_data["dim"].toInt(), "backward of reduce_scatter_sequence (all-gather)"),
+            at::Tensor(), at::Tensor()};
+  }
+};
+}  // namespace detail
+
+inline at::Tensor slice_of(const at::Tensor& x, int64_t dim, const GroupPtr& g = current())
+{
+  if (g->size == 1) return x;
+  const auto n = shard_size(x.size(dim), g->size, "the sliced dimension");
+  return x.narrow(dim, g->rank * n, n);
+}
+inline at::Tensor copy_to(const at::Tensor& x, const GroupPtr& g = current())
+{
+  return g->size == 1 ? x : detail::CopyTo::apply(x, g);
+}
+inline at::Tensor reduce_from(const at::Tensor& x, const GroupPtr& g = current())
+{
+  return g->size == 1 ? x : detail::ReduceFrom::apply(x, g);
+}
+inline at::Tensor gather_from(const at::Tensor& x, int64_t dim = -1, const GroupPtr& g = current())
+{
+  return g->size == 1 ? x : detail::GatherFrom::apply(x, g, dim < 0 ? dim + x.dim() : dim);
+}
+inline at::Tensor scatter_to(const at::Tensor& x, int64_t dim = -1, const GroupPtr& g = current())
+{
+  return g->size == 1 ? x : detail::ScatterTo::apply(x, g, dim < 0 ? dim + x.dim() : dim);
+}
+inline at::Tensor gather_sequence(const at::Tensor& x, int64_t dim = 1, const GroupPtr& g = current())
+{
+  return g->size == 1 ? x : detail::GatherSequence::apply(x, g, dim < 0 ? dim + x.dim() : dim);
+}
+inline at::Tensor reduce_scatter_sequence(const at::Tensor& x, int64_t dim = 1, const GroupPtr& g = current())
+{
+  return g->size == 1 ? x : detail::ReduceScatterSequence::apply(x, g, dim < 0 ? dim + x.dim() : dim);
+}
+
+}  // namespace mpx::tp

@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// The tiny transformer of tiny_transformer.hpp written with mpx's tensor-parallel blocks: attention split
+/// by heads (a fused qkv column-parallel in three parts, the output projection row-parallel), the MLP by
+/// columns then rows, the embedding and the head split by vocabulary. It is single-device code: in a
+/// group of one it is exactly tiny::Model (same parameters, same draws, same arithmetic); built under a
+/// tp::Scope of N ranks, each rank holds 1/N of every split parameter. With `sequence_parallel`, the
+/// LayerNorm / residual regions hold 1/N of the sequence (then call tp::sum_replicated_gradients after
+/// backward). Shape legend as tiny_transformer.hpp; Hl, Dl:
+/// this rank's heads and their width.
+
+#include "tiny_transformer.hpp"  // tiny::Config, tiny::Batch, tiny::make_batch
+
+#include <mpx/tp.hpp>  // mpx::tp::ColumnLinear, RowLinear, VocabEmbedding, cross_entropy
+
+namespace tiny_tp
+{
+using tiny::Config;
+namespace tp = mpx::tp;
+
+struct BlockImpl : torch::nn::Module
+{
+  BlockImpl(const Config& c, bool sp)
+      : heads(c.heads), sp(sp),
+        ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
+        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
+        qkv(register_module("qkv", tp::ColumnLinear(tp::ColumnLinearOptions(c.dim, 3 * c.dim).parts({c.dim, c.dim, c.dim}).sequence_parallel(sp)))),
+        proj(register_module("proj", tp::RowLinear(tp::RowLinearOptions(c.dim, c.dim).sequence_parallel(sp)))),
+        fc1(register_module("fc1", tp::ColumnLinear(tp::ColumnLinearOptions(c.dim, 4 * c.dim).sequence_parallel(sp)))),
+        fc2(register_module("fc2", tp::RowLinear(tp::RowLinearOptions(4 * c.dim, c.dim).sequence_parallel(sp))))
+  {
+  }
+  torch::Tensor forward(torch::Tensor x_BTD)  // with sequence parallelism: (B, T/N, D)
+  {
+    const auto D = x_BTD.size(2), hd = D / heads;
+    auto qkv_BTDl3 = qkv(ln1(x_BTD));  // (B, T, 3 Dl): the sequence is whole inside the split region
+    const auto B = qkv_BTDl3.size(0), T = qkv_BTDl3.size(1);
+    auto parts = qkv_BTDl3.chunk(3, -1);
+    auto split = [&](const torch::Tensor& t) { return t.view({B, T, -1, hd}).transpose(1, 2); };  // (B,Hl,T,hd)
+    auto q = split(parts[0]), k = split(parts[1]), v = split(parts[2]);
+    auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(hd));
+    auto causal = torch::ones({T, T}, x_BTD.options().dtype(torch::kBool)).triu(1);
+    att = torch::softmax(att.masked_fill(causal, -std::numeric_limits<float>::infinity()), -1);
+    auto y_BTDl = torch::matmul(att, v).transpose(1, 2).reshape({B, T, -1});
+    x_BTD = x_BTD + proj(y_BTDl);
+    return x_BTD + fc2(torch::gelu(fc1(ln2(x_BTD))));
+  }
+  int heads;
+  bool sp;
+  torch::nn::LayerNorm ln1, ln2;
+  tp::ColumnLinear qkv;
+  tp::RowLinear proj;
+  tp::ColumnLinear fc1;
+  tp::RowLinear fc2;
+};
+TORCH_MODULE(Block);
+
+/// Layers [begin, end), as tiny::Model; the head's logits are vocabulary-split (use `loss`).
+struct ModelImpl : torch::nn::Module
+{
+  using input_type = torch::Tensor;   // token ids (B, T)
+  using hidden_type = torch::Tensor;  // (B, T, D) (sequence parallel: the full sequence at stage boundaries)
+  using output_type = torch::Tensor;  // logits (B, T, V/N)
+  static constexpr int num_heads = 4;  // the TP tests build it with 4 heads
+
+  ModelImpl(const Config& c, int begin, int end, bool sp = false) : first(begin == 0), last(end == c.layers), sp(sp)
+  {
+    if (first) {
+      tok = register_module("tok", tp::VocabEmbedding(torch::nn::Embedding(c.vocab, c.dim)->weight.detach(), sp));
+      pos = register_module("pos", torch::nn::Embedding(c.seq, c.dim));
+    }
+    for (int i = begin; i < end; ++i) blocks->push_back(Block(c, sp));
+    register_module("blocks", blocks);
+    if (last) {
+      ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})));
+      head = register_module("head", tp::ColumnLinear(tp::ColumnLinearOptions(c.dim, c.vocab).sequence_parallel(sp)));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x)
+  {
+    if (first) {
+      auto p = pos(torch::arange(x.size(1), x.options().dtype(torch::kLong)));
+      x = tok(x) + (sp ? tp::slice_of(p, 0) : p);  // sequence parallel: this rank's positions (their gradient summed later)
+    } else if (sp) {
+      x = tp::scatter_to(x, 1);  // a stage boundary carries the whole sequence
+    }
+    for (auto& b : *blocks) {
+      auto* blk = b->as<BlockImpl>();
+      x = mpx::checkpoint_block(*blk, [blk](const torch::Tensor& t) { return blk->forward(t); }, x);
+    }
+    if (last) return head(ln(x));
+    return sp ? tp::gather_from(x, 1) : x;
+  }
+  bool first, last, sp;
+  tp::VocabEmbedding tok{nullptr};
+  torch::nn::Embedding pos{nullptr};
+  torch::nn::ModuleList blocks;
+  torch::nn::LayerNorm ln{nullptr};
+  tp::ColumnLinear head{nullptr};
+};
+TORCH_MODULE(Model);
+
+inline torch::Tensor loss(const torch::Tensor& local_logits_BTV, const tiny::Batch& b) { return tp::cross_entropy(local_logits_BTV, b.labels); }
+
+}  // namespace tiny_tp

@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: Apache-2.0
+// One rank of the tensor-parallel tests (tp.test.cpp starts N of them on loopback; all N form one group):
+//   mpx.tests.tp_rank ops <out-dir>          each operator and block against the unsplit arithmetic; "ops ok"
+//   mpx.tests.tp_rank train|train-sp <out>   the tiny TP transformer, 5 AdamW steps; rank 0 prints
+//                                            "loss <step> <value>" and "norm <step> <value>" and saves every
+//                                            parameter, made whole again, to <out>/params.pt
+#include "support/tiny_tp_transformer.hpp"
+
+#include <mpx/mpx.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+namespace
+{
+namespace tp = mpx::tp;
+using P1 = mpx::Pipeline<mpx::Stage<tiny_tp::Model, mpx::CPU<0>, mpx::Layers<0, 6>>, mpx::Microbatches<1>, mpx::Batch<tiny::Batch>>;
+
+const tiny::Config config{32, 16, 4, 6, 8};  // 4 heads: TP = 4 splits them one per rank
+constexpr int steps = 5, rows = 8;
+
+/// The group of all ranks of this test.
+tp::GroupPtr make_group(mpx::World& w)
+{
+  auto g = c10::make_intrusive<tp::Group>();
+  g->pg = w.world;
+  g->rank = w.env.rank;
+  g->size = w.env.world_size;
+  g->timeout = w.timeout;
+  g->name = "test's tensor-parallel group";
+  return g;
+}
+
+int failures = 0;
+void expect(bool ok, const std::string& what)
+{
+  if (!ok) {
+    std::cerr << "rank " << tp::current()->rank << ": " << what << " is wrong\n";
+    ++failures;
+  }
+}
+bool close(const at::Tensor& a, const at::Tensor& b) { return a.sizes() == b.sizes() && torch::allclose(a, b, 1e-5, 1e-6); }
+
+/// Each operator's forward and backward against what the unsplit arithmetic gives, rank by rank.
+int ops(const tp::GroupPtr& g)
+{
+  const int r = g->rank, n = g->size;
+  auto full = torch::arange(4.0 * n * 3).reshape({4, 3 * n});  // replicated (4, 3N); rank r's columns [3r, 3r + 3)
+  auto w = torch::arange(12.0).reshape({4, 3}) + r;           // a different upstream gradient on every rank
+  {  // copy_to: identity forward; backward the sum of every rank's gradient
+    auto x = full.narrow(1, 0, 3).clone().requires_grad_(true);
+    auto y = tp::copy_to(x, g);
+    expect(close(y, x), "copy_to forward");
+    (y * w).sum().backward();
+    auto want = torch::zeros({4, 3});
+    for (int q = 0; q < n; ++q) want += torch::arange(12.0).reshape({4, 3}) + q;
+    expect(close(x.grad(), want), "copy_to backward");
+  }
+  {  // reduce_from: the sum forward; identity backward
+    auto x = (full.narrow(1, 3 * r, 3) * 1.0).requires_grad_(true);
+    auto y = tp::reduce_from(x, g);
+    auto want = torch::zeros({4, 3});
+    for (int q = 0; q < n; ++q) want += full.narrow(1, 3 * q, 3);
+    expect(close(y, want), "reduce_from forward");
+    (y * w).sum().backward();
+    expect(close(x.grad(), w), "reduce_from backward");
+  }
+  {  // gather_from / scatter_to along the last dim; gather_sequence / reduce_scatter_sequence along dim 0
+    auto x = full.narrow(1, 3 * r, 3).clone().requires_grad_(true);
+    auto y = tp::gather_from(x, -1, g);
+    expect(close(y, full), "gather_from forward");
+    auto up = torch::arange(double(4 * 3 * n)).reshape({4, 3 * n}) * (r + 1);
+    (y * up).sum().backward();
+    expect(close(x.grad(), up.narrow(1, 3 * r, 3)), "gather_from backward");
+    auto z = full.clone().requires_grad_(true);
+    auto s = tp::scatter_to(z, -1, g);
+    expect(close(s, full.narrow(1, 3 * r, 3)), "scatter_to forward");
+    (s * w).sum().backward();
+    auto want = torch::zeros({4, 3 * n});
+    for (int q = 0; q < n; ++q) want.narrow(1, 3 * q, 3).copy_(torch::arange(12.0).reshape({4, 3}) + q);
+    expect(close(z.grad(), want), "scatter_to backward");
+    auto seq = (torch::arange(6.0).reshape({2, 3}) + 10 * r).requires_grad_(true);  // this rank's rows of a (2N, 3) tensor
+    auto whole = tp::gather_sequence(seq, 0, g);
+    auto whole_want = torch::cat([&] { std::vector<at::Tensor> v; for (int q = 0; q < n; ++q) v.push_back(torch::arange(6.0).reshape({2, 3}) + 10 * q); return v; }(), 0);
+    expect(close(whole, whole_want), "gather_sequence forward");
+    auto up2 = torch::ones({2 * n, 3}) * (r + 1);
+    (whole * up2).sum().backward();
+    expect(close(seq.grad(), torch::ones({2, 3}) * (n * (n + 1) / 2.0)), "gather_sequence backward (the reduce-scatter)");
+    auto part = (torch::ones({2 * n, 3}) * (r + 1)).requires_grad_(true);
+    auto rs = tp::reduce_scatter_sequence(part, 0, g);
+    expect(close(rs, torch::ones({2, 3}) * (n * (n + 1) / 2.0)), "reduce_scatter_sequence forward");
+    (rs * (torch::ones({2, 3}) * (r + 1))).sum().backward();
+    auto want_rs = torch::cat([&] { std::vector<at::Tensor> v; for (int q = 0; q < n; ++q) v.push_back(torch::ones({2, 3}) * (q + 1)); return v; }(), 0);
+    expect(close(part.grad(), want_rs), "reduce_scatter_sequence backward (the all-gather)");
+  }
+  {  // cross_entropy over vocabulary-split logits: the value and the gradient of the whole
+    torch::manual_seed(7);
+    auto logits = torch::randn({6, 4 * n}, torch::kDouble);
+    auto targets = torch::tensor({0L, 4L * n - 1, 3L, -100L, 2L * n, 1L});
+    auto whole = logits.clone().requires_grad_(true);
+    auto want = torch::nn::functional::cross_entropy(whole, targets);
+    want.backward();
+    auto mine = logits.narrow(1, 4 * r, 4).clone().requires_grad_(true);
+    auto got = tp::cross_entropy(mine, targets, -100, g);
+    expect(close(got, want.detach()), "cross_entropy value");
+    got.backward();
+    expect(close(mine.grad(), whole.grad().narrow(1, 4 * r, 4)), "cross_entropy gradient");
+  }
+  {  // a fused column split per part, and back
+    auto w_full = torch::arange(double(6 * n * 2)).reshape({6 * n, 2});
+    const tp::Split s{"weight", 0, {2 * n, 2 * n, 2 * n}};
+    auto local = tp::shard(w_full, s, *g);
+    expect(local.size(0) == 6, "shard's size");
+    expect(close(local.narrow(0, 0, 2), w_full.narrow(0, 2 * r, 2)), "shard of the first part");
+    expect(close(local.narrow(0, 2, 2), w_full.narrow(0, 2 * n + 2 * r, 2)), "shard of the second part");
+    expect(close(tp::unshard(local, s, *g), w_full), "unshard");
+  }
+  if (r == 0 && failures == 0) std::printf("ops ok\n");
+  return failures == 0 ? 0 : 1;
+}
+
+int train(const tp::GroupPtr& g, bool sp, const std::string& out)
+{
+  torch::manual_seed(100);
+  tiny_tp::Model model(config, 0, config.layers, sp);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));  // (tp.test.cpp: why not AdamW)
+  for (long step = 0; step < steps; ++step) {
+    auto b = tiny::make_batch(config, rows, step, 0, 1);
+    opt.zero_grad();
+    auto loss = tiny_tp::loss(model(b.tokens), b);
+    loss.backward();
+    if (sp) tp::sum_replicated_gradients(*model, g);
+    auto sq = torch::full({1}, tp::local_gradient_sq(*model, g), torch::kDouble);
+    tp::all_reduce(*g, sq);
+    opt.step();
+    if (g->rank == 0) std::printf("loss %ld %.17g\nnorm %ld %.17g\n", step, loss.item<double>(), step, std::sqrt(sq.item<double>()));
+  }
+  std::vector<at::Tensor> whole;
+  const auto splits = tp::split_parameters(*model);
+  for (const auto& p : model->named_parameters()) {
+    auto it = std::find_if(splits.begin(), splits.end(), [&](auto& s) { return s.first == p.key(); });
+    whole.push_back(it == splits.end() ? p.value().detach().clone() : tp::unshard(p.value(), it->second, *g));
+  }
+  if (g->rank == 0) torch::save(whole, out + "/params.pt");
+  std::fflush(stdout);
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv)
+{
+  if (argc < 3) {
+    std::cerr << "usage: " << argv[0] << " ops|train|train-sp <out-dir>\n";
+    return 2;
+  }
+  try {
+    auto world = mpx::make_world<P1>(mpx::read_env(), mpx::WorldOptions{std::chrono::seconds(30)});
+    auto g = make_group(world);
+    tp::Scope scope(g);
+    const std::string mode = argv[1];
+    if (mode == "ops") return ops(g);
+    if (mode == "train" || mode == "train-sp") return train(g, mode == "train-sp", argv[2]);
+    std::cerr << "unknown mode " << mode << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
+  }
+}
