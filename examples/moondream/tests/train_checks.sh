@@ -111,15 +111,21 @@ case $check in
     cp -r "$work/ok" "$work/corrupt" && head -c 100 "$work/ok/checkpoint/stage1.safetensors" > "$work/corrupt/checkpoint/stage1.safetensors"
     expect "stage1.safetensors" "$train" "${small[@]}" --layout 2 --steps 2 --resume "$work/corrupt"
     test -f "$work/ok/checkpoint/trainer.json"  # a failed resume leaves the saved checkpoint alone
-    # two ranks started with different --seed: both stop before step 1, naming the setting and both values
-    port=$((20000 + RANDOM % 20000))
-    ranks=(WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port)
-    env RANK=1 LOCAL_RANK=1 "${ranks[@]}" "$train" "${small[@]}" --layout 2 --steps 1 --seed 2 > "$work/rank1.log" 2>&1 &
-    expect "run setting 'seed' is '1' on rank 0 but '2' on rank 1" env RANK=0 LOCAL_RANK=0 "${ranks[@]}" "$train" "${small[@]}" --layout 2 --steps 1 --seed 1
-    if wait $!; then echo "rank 1 did not fail"; exit 1; fi
-    grep -qF "run setting 'seed' is '2' on rank 1 but '1' on rank 0" "$work/rank1.log" || { cat "$work/rank1.log"; exit 1; }
-    if grep -q "loss " "$work/rank1.log"; then echo "a step ran"; exit 1; fi
-    echo "ok: different seeds stop both ranks"
+    # two ranks started with a different setting (seed, micro-batch size, config): both stop before step 1,
+    # naming the setting and both values
+    mismatch() {  # <setting> <rank 0's value> <rank 1's value> <the values as the message shows them, rank 0 then 1>
+      local port=$((20000 + RANDOM % 20000))
+      local ranks=(WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port)
+      env RANK=1 LOCAL_RANK=1 "${ranks[@]}" "$train" "${small[@]}" --layout 2 --steps 1 "--$1" "$3" > "$work/rank1.log" 2>&1 &
+      expect "run setting '$1' is '$4' on rank 0 but '$5' on rank 1" env RANK=0 LOCAL_RANK=0 "${ranks[@]}" "$train" "${small[@]}" --layout 2 --steps 1 "--$1" "$2"
+      if wait $!; then echo "rank 1 did not fail"; exit 1; fi
+      grep -qF "run setting '$1' is '$5' on rank 1 but '$4' on rank 0" "$work/rank1.log" || { cat "$work/rank1.log"; exit 1; }
+      if grep -q "loss " "$work/rank1.log"; then echo "a step ran"; exit 1; fi
+      echo "ok: a different --$1 stops both ranks"
+    }
+    mismatch seed 1 2 1 2
+    mismatch microbatch-size 2 4 2 4
+    mismatch config tiny tiny-reference tiny tiny-reference
     ;;
   demo)
     "$train" --steps 40 --eval-samples 40 --save "$work/run" --log-every 10 | tee "$work/log"
