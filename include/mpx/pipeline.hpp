@@ -11,8 +11,9 @@
 /// ```
 /// Options: `Schedule<Tag>` (default `OneFOneB`), `Microbatches<M>` (default: the number of slots),
 /// `Batch<B>` (needed when a stage `Reads` batch fields). Every rule that spans stages is checked here:
-/// slots contiguous from 0, no two adjacent stages on one slot, one device kind per slot, boundary types
-/// that chain, `Layers` ranges that tile each module exactly once, batch fields that exist, the schedule's
+/// slots contiguous from 0, no two adjacent stages on one slot, one device kind and one tensor-parallel
+/// degree per slot (a slot of degree N occupies N adjacent ranks: `tp_degree`, `first_rank`,
+/// `ranks_per_replica`), boundary types that chain, `Layers` ranges that tile each module exactly once, batch fields that exist, the schedule's
 /// constraints, and the schedule proof (proof.hpp).
 ///
 /// The proof runs at compile time when it steps through at most `MPX_COMPILE_TIME_PROOF_STEPS` computes
@@ -199,6 +200,45 @@ struct Pipeline
         if (slots[i] == slots[j] && kinds[i] != kinds[j]) return false;
     return true;
   }(), "mpx::Pipeline: one slot holds both GPU and CPU stages; give each slot one device kind");
+
+  // ---- Tensor parallelism: each slot's degree, the ranks of one pipeline ----
+ private:
+  template <std::size_t... I>
+  static constexpr std::array<int, sizeof...(I)> degrees_impl(std::index_sequence<I...>) { return {stage<int(I)>::tensor_parallel...}; }
+  static constexpr auto stage_degrees = degrees_impl(seq{});
+
+ public:
+  static_assert([] {
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (slots[i] == slots[j] && stage_degrees[i] != stage_degrees[j]) return false;
+    return true;
+  }(), "mpx::Pipeline: the stages of one slot have different mpx::TensorParallel<N> degrees; a slot's ranks hold all "
+       "its stages, so give them one degree");
+  /// Per slot, its tensor-parallel degree: the number of ranks it occupies.
+  static constexpr std::array<int, std::size_t(num_slots)> tp_degree = [] {
+    std::array<int, std::size_t(num_slots)> d{};
+    for (std::size_t i = 0; i < slots.size(); ++i) d[std::size_t(slots[i])] = stage_degrees[i];
+    return d;
+  }();
+  /// Per slot, its first rank within one pipeline (replica): the slots' ranks are adjacent, slot by slot.
+  static constexpr std::array<int, std::size_t(num_slots)> first_rank = [] {
+    std::array<int, std::size_t(num_slots)> f{};
+    for (int q = 1; q < num_slots; ++q) f[std::size_t(q)] = f[std::size_t(q - 1)] + tp_degree[std::size_t(q - 1)];
+    return f;
+  }();
+  /// The ranks of one pipeline: WORLD_SIZE = replicas x this.
+  static constexpr int ranks_per_replica = [] {
+    int n = 0;
+    for (int d : tp_degree) n += d;
+    return n;
+  }();
+  /// The largest degree: the number of pipeline lanes (runtime/world.hpp).
+  static constexpr int num_lanes = [] {
+    int n = 1;
+    for (int d : tp_degree) n = d > n ? d : n;
+    return n;
+  }();
 
   // ---- Schedule ----
   static constexpr int num_microbatches = [] {

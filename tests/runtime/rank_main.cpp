@@ -51,8 +51,21 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
       if (stage == at_stage && step == at_step) params.front().mutable_grad().view(-1)[0] = std::numeric_limits<float>::infinity();
     };
   }
-  mpx::Trainer<P, tiny::Batch> trainer(world, make, [](const tiny::Batch& b) { return b.tokens; }, tiny::loss, options);
+  // tiny_tp::loss: vocabulary-split logits under tensor parallelism, torch's cross-entropy otherwise
+  using Trainer = mpx::Trainer<P, tiny::Batch>;
+  auto input = [](const tiny::Batch& b) { return b.tokens; };
+  std::optional<Trainer> trainer_slot;
+  trainer_slot.emplace(world, make, input, tiny_tp::loss, options);
+  const char* resume = std::getenv("MPX_TEST_RESUME_AT");  // save at this step, then go on from the files in a new trainer
   for (long step = 0; step < scenario::steps; ++step) {
+    if (resume && step == std::atol(resume)) {
+      trainer_slot->save(out + "/state");
+      trainer_slot.reset();
+      trainer_slot.emplace(world, make, input, tiny_tp::loss, options);  // fresh weights (the seeds of step 0) ...
+      trainer_slot->load(out + "/state");                                // ... replaced by the saved ones
+      if (env.rank == 0) std::printf("resumed at step %ld\n", trainer_slot->steps_done());
+    }
+    auto& trainer = *trainer_slot;
     if (env.rank == kill_rank && step == kill_step) {
       std::cerr << "rank " << env.rank << " dies now (test)\n";
       std::fflush(nullptr);
@@ -60,12 +73,22 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
     }
     auto batch = tiny::make_batch(scenario::config, scenario::rows_per_replica, step, world.replica, world.replicas);
     const auto st = trainer.step(mpx::split_microbatches(batch, P::num_microbatches));
-    if (env.rank == 0) std::printf("loss %ld %.17g\n", step, st.loss);
+    if (env.rank == 0) std::printf("loss %ld %.17g\nnorm %ld %.17g\n", step, st.loss, step, st.grad_norm);
     if (env.rank == 0 && options.scaler.enabled) std::printf("scale %ld %g skipped %d\n", step, st.loss_scale, int(st.skipped));
   }
+  auto& trainer = *trainer_slot;
   if (world.replica == 0)
     for (int s = 0; s < P::num_stages; ++s)
-      if (trainer.holds(s)) torch::save(trainer.parameters(s), out + "/stage" + std::to_string(s) + ".pt");
+      if (trainer.holds(s)) {
+        auto whole = trainer.whole_parameters(s);  // a collective over the slot's tensor-parallel ranks
+        if (world.tp_rank == 0) torch::save(whole, out + "/stage" + std::to_string(s) + ".pt");
+        if (world.tp_size > 1 && env.rank == 0) {  // what this rank holds of the stage: the split is real
+          std::int64_t mine = 0, all = 0;
+          for (auto& p : trainer.parameters(s)) mine += p.numel();
+          for (auto& p : whole) all += p.numel();
+          std::printf("stage %d holds %lld of %lld parameters\n", s, (long long)mine, (long long)all);
+        }
+      }
   if (env.rank == 0) std::printf("bubble expected %.4f measured %.4f\n", trainer.expected_bubble(), trainer.measured_bubble());
   std::fflush(stdout);
   if (trace) trainer.write_trace(trace);
@@ -188,6 +211,10 @@ int run(const std::string& name, const std::string& out, int kill_rank, int kill
     if (mpx::read_env().rank == 1) return train<P2<mpx::OneFOneB, 2>>(out, -1, -1);
     return train<P2<mpx::OneFOneB, 4>>(out, -1, -1);
   }
+  if (name == "tp-mismatch") {  // rank 1 is built without tensor parallelism: other groups, so compared before they are built
+    if (mpx::read_env().rank == 1) return train<P2<mpx::OneFOneB>>(out, -1, -1);
+    return train<PTp2>(out, -1, -1);
+  }
   if (name == "gpu") return train<PGpu>(out, -1, -1);
   if (name == "settings-mismatch") {  // rank 1 is started with another seed
     const std::string seed = mpx::read_env().rank == 1 ? "2" : "1";
@@ -196,6 +223,7 @@ int run(const std::string& name, const std::string& out, int kill_rank, int kill
   if (name == "wire") return wire();
   if (name == "misdeclared") return train<PMisdeclared>(out, -1, -1, std::chrono::seconds(10));
   if (name == "kill") return train<P3<mpx::OneFOneB>>(out, kill_rank, kill_step, std::chrono::seconds(10));
+  if (name == "kill-tp") return train<PTp2Pp2<tiny_tp::Model>>(out, kill_rank, kill_step, std::chrono::seconds(10));
   std::cerr << "unknown scenario " << name << "\n";
   return 2;
 }

@@ -20,7 +20,7 @@ namespace
 {
 struct Reference
 {
-  std::vector<double> losses;
+  std::vector<double> losses, grad_norms;
   std::vector<std::vector<at::Tensor>> params;  // per stage
 };
 
@@ -33,9 +33,13 @@ Reference reference(const scenario::Spec& s, long skip_step = -1)
   for (std::size_t i = 0; i < s.ranges.size(); ++i) {
     torch::manual_seed(100 + int(i));
     stages.emplace_back(scenario::config, s.ranges[i].first, s.ranges[i].second);
-    optimizers.push_back(std::make_unique<torch::optim::AdamW>(
-        stages.back()->parameters(),
-        torch::optim::AdamWOptions(opt.lr.peak).betas({opt.beta1, opt.beta2}).eps(opt.eps).weight_decay(opt.weight_decay)));
+    if (s.sgd)
+      optimizers.push_back(std::make_unique<torch::optim::SGD>(
+          stages.back()->parameters(), torch::optim::SGDOptions(opt.lr.peak).momentum(opt.momentum).weight_decay(opt.weight_decay)));
+    else
+      optimizers.push_back(std::make_unique<torch::optim::AdamW>(
+          stages.back()->parameters(),
+          torch::optim::AdamWOptions(opt.lr.peak).betas({opt.beta1, opt.beta2}).eps(opt.eps).weight_decay(opt.weight_decay)));
   }
   test::ReferenceOptions ro;
   ro.lr = opt.lr;
@@ -47,7 +51,9 @@ Reference reference(const scenario::Spec& s, long skip_step = -1)
   ro.skip_step = skip_step;
   ro.bf16 = s.bf16;
   Reference ref;
-  ref.losses = test::train_reference(stages, optimizers, ro, scenario::config).losses;
+  const auto run = test::train_reference(stages, optimizers, ro, scenario::config);
+  ref.losses = run.losses;
+  ref.grad_norms = run.grad_norms;
   for (auto& st : stages) ref.params.push_back(st->parameters());
   return ref;
 }
@@ -59,7 +65,8 @@ std::string all_output(const std::vector<test::RankResult>& rs)
   return o.str();
 }
 
-std::vector<double> losses_of(const std::string& out)
+/// The values of rank 0's "<key> <step> <value>" lines.
+std::vector<double> values_of(const std::string& out, const std::string& key)
 {
   std::vector<double> v;
   std::istringstream in(out);
@@ -67,9 +74,10 @@ std::vector<double> losses_of(const std::string& out)
   long step;
   double x;
   while (in >> word)
-    if (word == "loss" && in >> step >> x) v.push_back(x);
+    if (word == key && in >> step >> x) v.push_back(x);
   return v;
 }
+std::vector<double> losses_of(const std::string& out) { return values_of(out, "loss"); }
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
 
@@ -85,6 +93,14 @@ void compare_with_reference(const scenario::Spec& spec, const std::string& rank0
   for (std::size_t i = 0; i < got.size(); ++i) {
     CAPTURE(i, got[i], ref.losses[i]);
     CHECK(rel(got[i], ref.losses[i]) < loss_tol);
+  }
+  // the global gradient norm: each parameter counted once (a replicated one not once per replica or
+  // tensor-parallel rank), where the reference records it
+  const auto norms = values_of(rank0_output, "norm");
+  for (std::size_t i = 0; i < norms.size() && i < ref.grad_norms.size(); ++i) {
+    if (!std::isfinite(ref.grad_norms[i]) || !std::isfinite(norms[i])) continue;  // a skipped step (inf/NaN)
+    CAPTURE(i, norms[i], ref.grad_norms[i]);
+    CHECK(rel(norms[i], ref.grad_norms[i]) < std::max(loss_tol, 1e-5));
   }
   for (std::size_t s = 0; param_tol > 0 && s < spec.ranges.size(); ++s) {
     std::vector<at::Tensor> mine;
@@ -176,6 +192,58 @@ TEST_CASE("Stages under bf16 autocast match one process under the same autocast"
   check_parity("p2-bf16-autocast");
 }
 
+TEST_CASE("Tensor parallelism: one stage split over 2 ranks trains like one process, each rank holding about half", "[runtime][parity][tp]")
+{
+  std::string out;
+  check_parity("tp2", 1e-5, 1e-5, {}, -1, &out);
+  long long mine = 0, all = 0;
+  const auto at = out.find("stage 0 holds ");
+  REQUIRE(at != std::string::npos);
+  std::sscanf(out.c_str() + at, "stage 0 holds %lld of %lld", &mine, &all);
+  CAPTURE(mine, all);
+  CHECK(mine < all * 6 / 10);  // every matrix split in two; LayerNorms, positions and row biases replicated
+  CHECK(mine > all * 4 / 10);
+}
+
+TEST_CASE("Tensor parallelism: TP 2 x PP 2 (4 ranks) trains like one process", "[runtime][parity][tp]") { check_parity("tp2-pp2"); }
+
+TEST_CASE("Tensor parallelism: DP 2 x PP 2 x TP 2 (8 ranks) trains like one process", "[runtime][parity][tp]") { check_parity("dp2-tp2-pp2"); }
+
+TEST_CASE("Tensor parallelism with sequence parallelism: TP 2 x PP 2, and DP 2 x PP 2 x TP 2, train like one process", "[runtime][parity][tp]")
+{
+  check_parity("tp2-pp2-sp");
+  check_parity("dp2-tp2-pp2-sp");
+}
+
+TEST_CASE("Tensor parallelism of different degrees: stage 0 on 1 rank and stage 1 on 2, and the reverse under ZB-H1", "[runtime][parity][tp]")
+{
+  check_parity("tp1-tp2");
+  check_parity("tp2-tp1-zbh1");
+}
+
+TEST_CASE("Tensor parallelism: a run saved at step 2 and resumed from the files by new trainers goes on like one process", "[runtime][parity][tp]")
+{
+  std::string out;
+  check_parity("tp2-pp2", 1e-5, 1e-5, {{"MPX_TEST_RESUME_AT", "2"}}, -1, &out);
+  CHECK(out.find("resumed at step 2") != std::string::npos);
+}
+
+TEST_CASE("A killed tensor-parallel peer ends the survivors with an error naming rank, step and action", "[runtime][errors][tp]")
+{
+  // TP 2 x PP 2; rank 1 (the tensor-parallel peer of rank 0) dies at the start of step 2. Timeout 10 s.
+  auto res = test::spawn(4, {MPX_RANK_EXE, "kill-tp", "/tmp", "1", "2"}, std::chrono::seconds(90));
+  INFO(all_output(res));
+  CHECK(res[1].code == 3);
+  for (int r : {0, 2, 3}) {
+    CAPTURE(r);
+    CHECK(res[std::size_t(r)].code == 1);
+    CHECK(res[std::size_t(r)].seconds < 45);
+    CHECK(res[std::size_t(r)].output.find("step 2") != std::string::npos);
+    CHECK(res[std::size_t(r)].output.find("action") != std::string::npos);
+  }
+  CHECK(res[0].output.find("tensor-parallel group of slot 0, replica 0 (ranks 0..1)") != std::string::npos);
+}
+
 TEST_CASE("bf16 on the wire trains like fp32 within bf16's rounding", "[runtime][parity]")
 {
   // activations and gradients are rounded to bf16 (8 bits of mantissa) between the stages
@@ -198,7 +266,17 @@ void expect_every_rank_fails(int n, const std::string& scenario, const std::stri
 
 TEST_CASE("WORLD_SIZE not a multiple of the slots stops every rank naming the fix", "[runtime][errors]")
 {
-  expect_every_rank_fails(3, "p2-1f1b", "WORLD_SIZE (3) is not a multiple of the pipeline's slots (2)");
+  expect_every_rank_fails(3, "p2-1f1b", "WORLD_SIZE (3) is not a multiple of the ranks of one pipeline (2, its slots)");
+}
+
+TEST_CASE("Ranks built with different tensor-parallel degrees stop before building their groups", "[runtime][errors][tp]")
+{
+  expect_every_rank_fails(2, "tp-mismatch", "run a different pipeline");
+}
+
+TEST_CASE("WORLD_SIZE that does not fit the tensor-parallel mesh names the expected size", "[runtime][errors][tp]")
+{
+  expect_every_rank_fails(3, "tp2-pp2", "WORLD_SIZE (3) is not a multiple of the ranks of one pipeline (4 = slot 0: 2 + slot 1: 2)");
 }
 
 TEST_CASE("Ranks built from different pipelines stop before the first step", "[runtime][errors]")

@@ -3,7 +3,7 @@
 /// The pipelines the runtime tests train, shared by the rank program (rank_main.cpp) and the test driver
 /// (runtime.test.cpp), which trains the same model in one process as the reference.
 
-#include "support/tiny_transformer.hpp"
+#include "support/tiny_tp_transformer.hpp"
 
 #include <mpx/mpx.hpp>
 
@@ -59,6 +59,22 @@ using P3x2 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 1>>, Stage<Model, CPU<
 using PGpu = mpx::Pipeline<Stage<Model, mpx::GPU<0>, Layers<0, 3>>, Stage<Model, mpx::GPU<1>, Layers<3, 6>>,
                            Microbatches<2>, mpx::Batch<tiny::Batch>>;
 
+/// Tensor parallelism (the tiny model written with mpx::tp blocks, which in a group of one is tiny::Model):
+/// one stage split 2 ways; 2 stages each split 2 ways (4 ranks; with 2 replicas, 8); stage 0 on one rank,
+/// stage 1 on two (3 ranks); the same sequence-parallel. SGD with momentum (tp.test.cpp says why not AdamW).
+using TpStage = mpx::Optimizer<mpx::SGD>;
+using PTp2 = mpx::Pipeline<Stage<tiny_tp::Model, CPU<0>, Layers<0, 6>, mpx::TensorParallel<2>, TpStage>, Microbatches<2>,
+                           mpx::Batch<tiny::Batch>>;
+template <class M>
+using PTp2Pp2 = mpx::Pipeline<Stage<M, CPU<0>, Layers<0, 3>, mpx::TensorParallel<2>, TpStage>,
+                              Stage<M, CPU<1>, Layers<3, 6>, mpx::TensorParallel<2>, TpStage>, Microbatches<4>, mpx::Batch<tiny::Batch>>;
+using PTp1Tp2 = mpx::Pipeline<Stage<tiny_tp::Model, CPU<0>, Layers<0, 3>, TpStage>,
+                              Stage<tiny_tp::Model, CPU<1>, Layers<3, 6>, mpx::TensorParallel<2>, TpStage>, Microbatches<4>,
+                              mpx::Batch<tiny::Batch>>;
+using PTp2Tp1 = mpx::Pipeline<Stage<tiny_tp::Model, CPU<0>, Layers<0, 3>, mpx::TensorParallel<2>, TpStage>,
+                              Stage<tiny_tp::Model, CPU<1>, Layers<3, 6>, TpStage>, Schedule<mpx::ZBH1>, Microbatches<4>,
+                              mpx::Batch<tiny::Batch>>;
+
 /// One parity scenario as the test driver sees it: ranks, replicas, micro-batches, each stage's layers.
 struct Spec
 {
@@ -68,6 +84,7 @@ struct Spec
   int microbatches = 4;
   std::vector<std::pair<int, int>> ranges;
   bool bf16 = false;  ///< the stages run under bf16 autocast (the reference too)
+  bool sgd = false;   ///< the stages train with SGD (else AdamW)
 };
 
 template <class P>
@@ -101,6 +118,13 @@ bool visit(const std::string& name, F&& f)
   if (is("p2-1f1b-block-checkpointed")) return f(type<P2Blocks<OneFOneB>>{}, 1), true;
   if (is("p2-zbh1-block-checkpointed")) return f(type<P2Blocks<ZBH1>>{}, 1), true;
   if (is("p2-bf16-autocast")) return f(type<P2Bf16Autocast>{}, 1), true;
+  if (is("tp2")) return f(type<PTp2>{}, 1), true;
+  if (is("tp2-pp2")) return f(type<PTp2Pp2<tiny_tp::Model>>{}, 1), true;
+  if (is("dp2-tp2-pp2")) return f(type<PTp2Pp2<tiny_tp::Model>>{}, 2), true;
+  if (is("tp2-pp2-sp")) return f(type<PTp2Pp2<tiny_tp::SeqModel>>{}, 1), true;
+  if (is("dp2-tp2-pp2-sp")) return f(type<PTp2Pp2<tiny_tp::SeqModel>>{}, 2), true;
+  if (is("tp1-tp2")) return f(type<PTp1Tp2>{}, 1), true;
+  if (is("tp2-tp1-zbh1")) return f(type<PTp2Tp1>{}, 1), true;
   return false;
 }
 
@@ -112,12 +136,13 @@ inline Spec spec(const std::string& name)
   const bool found = visit(name, [&](auto t, int replicas) {
     using P = typename decltype(t)::pipeline;
     s.replicas = replicas;
-    s.world = P::num_slots * replicas;
+    s.world = P::ranks_per_replica * replicas;
     s.microbatches = P::num_microbatches;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (s.ranges.emplace_back(P::template stage<int(I)>::layer_begin, P::template stage<int(I)>::layer_end), ...);
     }(std::make_index_sequence<std::size_t(P::num_stages)>{});
     s.bf16 = std::is_same_v<typename P::template stage<0>::precision, mpx::BF16>;
+    s.sgd = std::is_same_v<typename P::template stage<0>::optimizer, mpx::SGD>;
   });
   if (!found) throw std::invalid_argument("no parity scenario named " + name);
   return s;
@@ -133,6 +158,7 @@ inline mpx::TrainOptions options()
   o.lr = mpx::WarmupCosine{1e-2, 2, 5, 0.1};
   o.weight_decay = 0.01;
   o.clip_norm = 1.0;
+  o.momentum = 0.9;  // SGD stages
   return o;
 }
 }  // namespace scenario

@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// @file runtime/boundary_links.hpp
-/// `BoundaryLinks`: this rank's ends of the pipeline channels, over its pipeline group. `post` posts the
-/// receive of one boundary value, `take` waits for it (the wait is the action's idle time), `send` starts
-/// one, `finish_sends` waits until every send of the step has completed. Over Gloo values travel packed,
+/// `BoundaryLinks`: this rank's ends of the pipeline channels, over its pipeline lanes (world.hpp). `post`
+/// posts the receive of one boundary value — always on lane tp_rank, the rank's own — `take` waits for it
+/// (the wait is the action's idle time), `send` starts one on each lane that `send_lanes` names, and
+/// `finish_sends` waits until every send of the step has completed. The lane rule: a value for slot d
+/// leaves a rank of tensor-parallel rank k (of its slot's degree t) on the lanes j < degree(d) with
+/// j mod t = k, so each of d's ranks receives exactly one copy, on its own lane (at degree 1 everywhere: one
+/// lane, one send). Over Gloo values travel packed,
 /// each channel's room (`ChannelSize`, per peer and channel, at both ends) advanced by `next_step` at every
 /// step's start; over NCCL as header + payloads, a `Receiver` thread posting payloads as headers land.
 /// Every failure here — a dead or silent peer, a message that breaks the boundary — is a `peer_error`.
@@ -16,7 +20,7 @@
 #include <map>      // std::map
 #include <memory>   // std::unique_ptr
 #include <string>   // std::string
-#include <utility>  // std::pair
+#include <tuple>    // std::tuple
 #include <vector>   // std::vector
 
 namespace mpx
@@ -28,9 +32,18 @@ class BoundaryLinks
   using clock = std::chrono::steady_clock;
 
   explicit BoundaryLinks(World& w)
-      : pp_(w.pp), comm_(w.comm_device), timeout_(w.timeout),
-        receiver_(packing() ? nullptr : std::make_unique<Receiver>(w.pp, w.timeout))
+      : pp_(w.pp), lanes_(w.lanes), degree_(w.degree), tp_rank_(w.tp_rank), tp_size_(w.tp_size), comm_(w.comm_device),
+        timeout_(w.timeout), receiver_(packing() ? nullptr : std::make_unique<Receiver>(w.pp, w.timeout))
   {
+  }
+
+  /// The lanes a value for slot `dst` leaves this rank on (see the file comment); none when another
+  /// rank of this slot serves all of dst's ranks.
+  std::vector<int> send_lanes(int dst) const
+  {
+    std::vector<int> out;
+    for (int j = tp_rank_; j < degree_[std::size_t(dst)]; j += tp_size_) out.push_back(j);
+    return out;
   }
 
   /// Over Gloo (CPU messages) values travel packed; over NCCL as header + payloads.
@@ -47,7 +60,9 @@ class BoundaryLinks
   std::unique_ptr<PendingRecv> post(int src, int channel, Expect e, std::string what)
   {
     auto r = std::make_unique<PendingRecv>();
-    guarded([&] { post_recv(*r, pp_, src, channel, std::move(e), std::move(what), comm_, size_of(received_, src, channel)); });
+    guarded([&] {
+      post_recv(*r, pp_, src, channel, std::move(e), std::move(what), comm_, packing() ? &received_[{tp_rank_, src, channel}] : nullptr);
+    });
     if (receiver_) receiver_->add(r.get());
     return r;
   }
@@ -67,12 +82,15 @@ class BoundaryLinks
     return out;
   }
 
-  /// Starts sending one value (or its gradients) to slot `dst`; `what` names it in errors.
-  void send(int dst, int channel, int stage, int mb, bool gradient, const std::vector<at::Tensor>& ts, at::ScalarType wire, std::string what)
+  /// Starts sending one value (or its gradients) to slot `dst`, on every lane of `send_lanes(dst)`; `what`
+  /// names it in errors.
+  void send(int dst, int channel, int stage, int mb, bool gradient, const std::vector<at::Tensor>& ts, at::ScalarType wire, const std::string& what)
   {
-    guarded([&] {
-      sends_.push_back(send_tensors(pp_, dst, channel, stage, mb, gradient, ts, wire, std::move(what), comm_, size_of(sent_, dst, channel)));
-    });
+    for (int lane : send_lanes(dst))
+      guarded([&] {
+        sends_.push_back(send_tensors(lanes_[std::size_t(lane)], dst, channel, stage, mb, gradient, ts, wire, what, comm_,
+                                      packing() ? &sent_[{lane, dst, channel}] : nullptr));
+      });
   }
 
   /// Waits until every send started since the last call has completed.
@@ -106,15 +124,13 @@ class BoundaryLinks
     }
   }
 
-  ChannelSize* size_of(std::map<std::pair<int, int>, ChannelSize>& sizes, int peer, int channel)
-  {
-    return packing() ? &sizes[{peer, channel}] : nullptr;
-  }
-
-  ProcessGroupPtr pp_;
+  ProcessGroupPtr pp_;                 // lane tp_rank: where this rank receives
+  std::vector<ProcessGroupPtr> lanes_;  // where it sends
+  std::vector<int> degree_;             // per slot, its tensor-parallel degree
+  int tp_rank_, tp_size_;
   torch::Device comm_;
   std::chrono::milliseconds timeout_;
-  std::map<std::pair<int, int>, ChannelSize> sent_, received_;  // per (peer slot, channel): the room for packed payloads
+  std::map<std::tuple<int, int, int>, ChannelSize> sent_, received_;  // per (lane, peer slot, channel): the room for packed payloads
   std::vector<PendingSend> sends_;
   std::unique_ptr<Receiver> receiver_;  // last: stops before the receives it points at are gone
 };

@@ -43,6 +43,11 @@ inline std::string error_start(std::string_view where)
 {
   return where.starts_with("mpx: ") ? std::string(where) : "mpx: " + std::string(where);
 }
+/// A message to nest after another's place: without its own `mpx: ` prefix.
+inline std::string nested(std::string_view message)
+{
+  return std::string(message.starts_with("mpx: ") ? message.substr(5) : message);
+}
 }  // namespace detail
 
 }  // namespace mpx

@@ -65,6 +65,7 @@ class Executor
   Walk walk(const std::vector<Batch>& mbs, double loss_seed, long step, TraceRecorder* trace, StageDone&& stage_done)
   {
     Walk out;
+    tp::Scope scope(w_.tp);  // the slot's tensor-parallel group for the stages, the loss and the backward
     step_ = step;
     seed_ = loss_seed;
     std::fill(backward_left_.begin(), backward_left_.end(), M);
@@ -109,9 +110,9 @@ class Executor
       throw;
     } catch (const peer_error& e) {
       if (std::string_view(e.what()).starts_with("mpx: rank ")) throw;  // located already (a receive names its own action)
-      throw peer_error(context(a, k, true) + ": " + e.what());
+      throw peer_error(context(a, k, true) + ": " + detail::nested(e.what()));
     } catch (const std::exception& e) {
-      throw stage_error(context(a, k, false) + ": stage " + std::to_string(a.stage) + " failed: " + e.what());
+      throw stage_error(context(a, k, false) + ": stage " + std::to_string(a.stage) + " failed: " + detail::nested(e.what()));
     }
   }
 
@@ -230,6 +231,9 @@ class Executor
     links_.send(to, ch, message_stage(ch), int(a.mb), is_gradient_channel(ch), ts, StageSet<P>::wire_dtype(ch / 2), context(a, k, true));
   }
 
+  /// The global rank of slot s's member of this rank's lane (the peer it receives from, and first sends to).
+  int peer_rank(int s) const { return w_.global_rank(w_.replica, s, w_.tp_rank % w_.degree[std::size_t(s)]); }
+
   /// "mpx: rank 1 (slot 1, replica 0), step 2, action 7 F3 of stage 1, peer rank 0".
   std::string context(Action a, std::size_t k, bool with_peer) const
   {
@@ -237,7 +241,7 @@ class Executor
     return "mpx: rank " + std::to_string(w_.env.rank) + " (slot " + std::to_string(w_.slot) + ", replica " + std::to_string(w_.replica) +
            "), step " + std::to_string(step_) + ", action " + std::to_string(k) + " " + op_name(a.op) + std::to_string(a.mb) +
            " of stage " + std::to_string(a.stage) +
-           (with_peer && peer >= 0 ? ", peer rank " + std::to_string(w_.global_rank(w_.replica, P::slots[peer])) : std::string());
+           (with_peer && peer >= 0 ? ", peer rank " + std::to_string(peer_rank(P::slots[peer])) : std::string());
   }
 
   World& w_;

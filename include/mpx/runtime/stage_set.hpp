@@ -5,8 +5,12 @@
 /// (and only those) on the rank's device, freezes `Frozen` stages, and runs a stage's forward as the
 /// stage's policies say: under autocast (`Precision<BF16>` / `Precision<FP16>`, or the run's
 /// `TrainOptions::autocast`), activation-checkpointed (`Checkpointed`, or `checkpoint_all`), with block
-/// checkpointing on (`CheckpointBlocks`, or `checkpoint_blocks`). `visit` is the one place a run-time stage
-/// index becomes a compile-time one. It knows nothing of schedules, messages or optimizers.
+/// checkpointing on (`CheckpointBlocks`, or `checkpoint_blocks`). Under `TensorParallel<N>` the slot's
+/// tensor-parallel group is the current `tp::Group` while a stage is built and while it runs (recomputes
+/// included), so modules written with mpx::tp blocks split themselves; `norm_parameters` are the ones this
+/// rank counts in the global gradient norm (every shard, and a replicated parameter on tensor-parallel
+/// rank 0 only). `visit` is the one place a run-time stage index becomes a compile-time one. It knows
+/// nothing of schedules, messages or optimizers.
 
 #include <mpx/pipeline.hpp>                       // mpx::PipelineType
 #include <mpx/runtime/activation_checkpoint.hpp>  // mpx::checkpoint, mpx::BlockCheckpointing
@@ -14,9 +18,11 @@
 #include <mpx/runtime/errors.hpp>                 // mpx::config_error
 #include <mpx/runtime/options.hpp>                // mpx::TrainOptions
 #include <mpx/runtime/precision.hpp>              // mpx::AutocastGuard
+#include <mpx/tp/layers.hpp>                      // mpx::tp::Group, Scope, split_parameters, sum_replicated_gradients
 
 #include <torch/torch.h>  // torch::nn::Module, torch::Device
 
+#include <algorithm> // std::any_of, std::find_if
 #include <map>       // std::map
 #include <optional>  // std::optional
 #include <string>    // std::string
@@ -45,15 +51,50 @@ class StageSet
     }(std::make_index_sequence<N>{});
   }
 
-  /// Builds the stages slot `slot` holds with `make(std::integral_constant<int, I>{})`, on `device`.
+  /// Builds the stages slot `slot` holds with `make(std::integral_constant<int, I>{})`, on `device`, in
+  /// tensor-parallel group `tp` (the slot's; the group of one at degree 1).
   template <class Make>
-  StageSet(int slot, torch::Device device, Make& make, const TrainOptions& o)
-      : slot_(slot), device_(device), checkpoint_all_(o.checkpoint_all), checkpoint_blocks_(o.checkpoint_blocks), autocast_(o.autocast)
+  StageSet(int slot, torch::Device device, Make& make, const TrainOptions& o, tp::GroupPtr tp = c10::make_intrusive<tp::Group>())
+      : slot_(slot), device_(device), checkpoint_all_(o.checkpoint_all), checkpoint_blocks_(o.checkpoint_blocks), autocast_(o.autocast),
+        tp_(std::move(tp))
   {
     for (int s = 0; s < N; ++s) mine_.push_back(P::slots[s] == slot);
     params_.resize(N);
+    norm_params_.resize(N);
+    sequence_parallel_.assign(N, false);
     inputs_.resize(N);
+    tp::Scope scope(tp_);
     for (int s = 0; s < N; ++s) visit(s, [&](auto i) { build<decltype(i)::value>(make); });
+  }
+
+  /// The parameters of stage `s` this rank counts in the global gradient norm (see the file comment).
+  const std::vector<at::Tensor>& norm_parameters(int s) const { return norm_params_.at(std::size_t(s)); }
+  /// Under sequence parallelism, sums stage s's replicated parameters' gradients over the tensor-parallel
+  /// group (each rank saw 1/N of the sequence); a no-op otherwise.
+  void sum_replicated_gradients(int s)
+  {
+    if (!sequence_parallel_[std::size_t(s)]) return;
+    visit(s, [&](auto i) { tp::sum_replicated_gradients(impl(*std::get<decltype(i)::value>(modules_)), tp_); });
+  }
+  /// Stage s's parameters made whole (split ones gathered over the tensor-parallel group: a collective of
+  /// the slot's ranks), in module order: what the unsplit stage would hold.
+  std::vector<at::Tensor> whole_parameters(int s)
+  {
+    std::vector<at::Tensor> out;
+    visit(s, [&](auto i) {
+      auto& m = impl(*std::get<decltype(i)::value>(modules_));
+      const auto split = tp::split_parameters(m);
+      for (const auto& p : m.named_parameters()) {
+        auto it = std::find_if(split.begin(), split.end(), [&](auto& sp) { return sp.first == p.key(); });
+        out.push_back(it == split.end() ? p.value().detach().clone() : tp::unshard(p.value(), it->second, *tp_));
+      }
+    });
+    return out;
+  }
+  /// What names this rank's share of a stage in saved files: "" at degree 1, else ".tp<k>of<N>".
+  std::string shard_suffix() const
+  {
+    return tp_->size == 1 ? std::string() : ".tp" + std::to_string(tp_->rank) + "of" + std::to_string(tp_->size);
   }
 
   bool holds(int s) const { return mine_.at(std::size_t(s)); }
@@ -142,6 +183,17 @@ class StageSet
       if (P::template stage<I>::frozen) p.requires_grad_(false);
       params_[I].push_back(p);
     }
+    const auto split = tp::split_parameters(mod);
+    for (const auto& p : mod.named_parameters()) {
+      const bool is_split = std::any_of(split.begin(), split.end(), [&](auto& sp) { return sp.first == p.key(); });
+      if (is_split || tp_->rank == 0) norm_params_[I].push_back(p.value());
+    }
+    auto sp = [](const torch::nn::Module* m) {
+      const auto* sm = dynamic_cast<const tp::SplitModule*>(m);
+      return sm && sm->sequence_parallel();
+    };
+    sequence_parallel_[I] = sp(&mod);
+    for (const auto& m : mod.modules(/*include_self=*/false)) sequence_parallel_[I] = sequence_parallel_[I] || sp(m.get());
   }
 
   template <class Mod>
@@ -158,6 +210,7 @@ class StageSet
     using In = typename P::template input_of<I>;
     auto& m = *std::get<I>(modules_);
     auto run = [this, &m, &b](const std::vector<at::Tensor>& ts) {
+      tp::Scope scope(tp_);  // a recompute in backward too
       std::optional<AutocastGuard> autocast;
       if constexpr (std::is_same_v<typename S::precision, BF16>) autocast.emplace(device_.type(), true, at::kBFloat16);
       else if constexpr (std::is_same_v<typename S::precision, FP16>) autocast.emplace(device_.type(), true, at::kHalf);
@@ -181,6 +234,9 @@ class StageSet
   std::vector<bool> mine_;
   std::vector<std::vector<at::Tensor>> params_;
   std::vector<BoundaryInfo> inputs_;  // each stage's input boundary
+  tp::GroupPtr tp_;
+  std::vector<std::vector<at::Tensor>> norm_params_;
+  std::vector<bool> sequence_parallel_;
 };
 
 }  // namespace mpx

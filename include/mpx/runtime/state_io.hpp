@@ -2,7 +2,8 @@
 #pragma once
 /// @file runtime/state_io.hpp
 /// Saved training state: a directory with each stage's parameters and buffers (`stage<I>.safetensors`),
-/// its optimizer state (`stage<I>.optimizer.pt`) and `trainer.json` (step, pipeline fingerprint, loss
+/// its optimizer state (`stage<I>.optimizer.pt`; a tensor-parallel stage's rank k of N saves its shard as
+/// `stage<I>.tp<k>of<N>.*`, resumed at the same degree) and `trainer.json` (step, pipeline fingerprint, loss
 /// scaler). `save_training_state` is a collective: replica 0 writes its stages, rank 0 the JSON, all into
 /// `dir.partial`, which replaces `dir` only once every rank has finished (barriers from the world), so a
 /// crash mid-save keeps the previous state whole. `load_training_state` restores it on the same pipeline
@@ -37,7 +38,7 @@ struct TrainingState
 
 namespace detail
 {
-inline std::string stage_file(const std::string& dir, int s, const char* suffix) { return dir + "/stage" + std::to_string(s) + suffix; }
+inline std::string stage_file(const std::string& dir, int s, const std::string& suffix) { return dir + "/stage" + std::to_string(s) + suffix; }
 }  // namespace detail
 
 /// Saves the training state into `dir` (see the file comment). Every rank calls it.
@@ -54,8 +55,10 @@ void save_training_state(World& w, const std::string& dir, StageSet<P>& stages, 
   if (w.replica == 0)
     for (int s = 0; s < P::num_stages; ++s) {
       if (!stages.holds(s)) continue;
-      save_safetensors(detail::stage_file(tmp, s, ".safetensors"), stages.state(s), {{"format", "pt"}, {"step", std::to_string(t.step)}});
-      optimizers.save(s, detail::stage_file(tmp, s, ".optimizer.pt"));
+      const std::string shard = stages.shard_suffix();  // a tensor-parallel rank's shard: ".tp<k>of<N>"
+      save_safetensors(detail::stage_file(tmp, s, shard + ".safetensors"), stages.state(s),
+                       {{"format", "pt"}, {"step", std::to_string(t.step)}});
+      optimizers.save(s, detail::stage_file(tmp, s, shard + ".optimizer.pt"));
     }
   if (w.env.rank == 0) {
     const nlohmann::json j = {{"step", t.step}, {"fingerprint", std::to_string(fingerprint_v<P>)}, {"stages", P::num_stages},
@@ -91,7 +94,7 @@ TrainingState load_training_state(const std::string& dir, StageSet<P>& stages, S
                        ", this one " + std::to_string(fingerprint_v<P>) + "); resume with the same Pipeline<...> type and layout");
   for (int s = 0; s < P::num_stages; ++s) {
     if (!stages.holds(s)) continue;
-    const std::string f = detail::stage_file(dir, s, ".safetensors");
+    const std::string shard = stages.shard_suffix(), f = detail::stage_file(dir, s, shard + ".safetensors");
     auto saved = load_safetensors(f);
     torch::NoGradGuard ng;
     for (auto& [k, t] : stages.state(s)) {
@@ -100,7 +103,7 @@ TrainingState load_training_state(const std::string& dir, StageSet<P>& stages, S
         throw config_error("mpx: " + f + ": tensor '" + k + "' is missing or has another shape; the checkpoint does not match this model");
       t.copy_(it->second);
     }
-    optimizers.load(s, detail::stage_file(dir, s, ".optimizer.pt"));
+    optimizers.load(s, detail::stage_file(dir, s, shard + ".optimizer.pt"));
   }
   try {
     current.step = j.at("step").get<long>();

@@ -73,8 +73,8 @@ class TraceRecorder
       auto got = nlohmann::json::parse(std::string(bytes.begin(), bytes.end()));
       bubble += got["bubble"].template get<double>() / w.env.world_size;
       for (auto& ev : got["events"]) all["traceEvents"].push_back(ev);
-      all["traceEvents"].push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r / w.slots}, {"tid", r},
-                                    {"args", {{"name", "rank " + std::to_string(r) + " (slot " + std::to_string(r % w.slots) + ")"}}}});
+      all["traceEvents"].push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r / w.ranks_per_replica}, {"tid", r},
+                                    {"args", {{"name", "rank " + std::to_string(r) + " (slot " + std::to_string(w.slot_of(r)) + ")"}}}});
     }
     std::ofstream(path) << all.dump(1);
     log << "mpx: bubble of step " << step << ": measured " << int(bubble * 1000 + 0.5) / 10.0 << "% (mean over ranks), "

@@ -8,7 +8,7 @@
 /// |---|---|
 /// | micro-batches to the device | `microbatches.hpp` |
 /// | walk the schedule (buckets start as stages finish) | `executor.hpp` (over `stage_set.hpp`, `backward.hpp`, `boundary_links.hpp`) |
-/// | finish the data-parallel reduction | `gradient_buckets.hpp` |
+/// | finish the data-parallel reduction (and, under sequence parallelism, the replicated gradients' sum) | `gradient_buckets.hpp`, `stage_set.hpp` |
 /// | gradient statistics: loss, norm, inf/NaN in one collective | `grad_stats.hpp` |
 /// | skip or clip, optimizer step at the scheduled rate, zero | `grad_stats.hpp`, `stage_optimizers.hpp` |
 ///
@@ -57,12 +57,12 @@ class Trainer
   /// optimizers. Proves the schedule first when it was too large to prove at compile time.
   template <class Make>
   Trainer(World& world, Make&& make, InputFn input, LossFn loss, TrainOptions options = {})
-      : w_(world), o_(std::move(options)), scaler_(o_.scaler), stages_((check_proof(), w_.slot), w_.device, make, o_),
+      : w_(world), o_(std::move(options)), scaler_(o_.scaler), stages_((check_proof(), w_.slot), w_.device, make, o_, w_.tp),
         optimizers_(stages_, o_), executor_(w_, stages_, std::move(input), std::move(loss)),
         buckets_(w_.dp, w_.replicas, o_.bucket_bytes, w_.timeout), expected_bubble_(prove(P::make_table()).bubble())
   {
     for (int s = 0; s < N; ++s)
-      if (stages_.holds(s)) held_.push_back(stages_.parameters(s));
+      if (stages_.holds(s)) held_.push_back(stages_.parameters(s)), counted_.push_back(stages_.norm_parameters(s));
   }
 
   /// One optimizer step over this replica's m micro-batches (on the host or this rank's device: they are
@@ -79,9 +79,12 @@ class Trainer
                                      [this](int s) { buckets_.start(stages_.parameters(s)); });
     st.schedule_seconds = seconds(clock::now() - t0);
     buckets_.finish();
+    for (int s = 0; s < N; ++s)
+      if (stages_.holds(s)) stages_.sum_replicated_gradients(s);  // sequence parallelism only
     call_before_optimizer();
     if (scaler_.enabled()) unscale(held_, scaler_.scale());
-    const StepReduction red = reduce_step(w_, walk.loss_sum, local_grad_sq(held_), step_);
+    // the loss once per replica (tensor-parallel rank 0 of the last slot), each parameter once in the norm
+    const StepReduction red = reduce_step(w_, w_.tp_rank == 0 ? walk.loss_sum : at::Tensor(), local_grad_sq(counted_), step_);
     st.loss = red.loss;
     st.skipped = scaler_.update(red.found_inf);
     st.grad_norm = red.grad_norm;
@@ -120,6 +123,9 @@ class Trainer
 
   /// This rank's parameters of stage `s` (empty if the stage lives elsewhere), in module order.
   std::vector<at::Tensor> parameters(int s) const { return stages_.parameters(s); }
+  /// Those parameters made whole: under TensorParallel<N> the split ones gathered from the slot's ranks (a
+  /// collective: each of them calls it), else copies — what the unsplit stage would hold.
+  std::vector<at::Tensor> whole_parameters(int s) { return stages_.whole_parameters(s); }
   bool holds(int s) const { return stages_.holds(s); }
   long steps_done() const { return step_; }
   /// Steps skipped because some rank saw an inf/NaN gradient.
@@ -174,7 +180,8 @@ class Trainer
   Executor<P, Batch> executor_;
   GradientBuckets buckets_;
   TraceRecorder trace_;
-  StageParameters held_;  // this rank's stages' parameters, in stage order
+  StageParameters held_;     // this rank's stages' parameters, in stage order
+  StageParameters counted_;  // those it counts in the global gradient norm (tensor parallelism: each once)
   double expected_bubble_ = 0;
   long step_ = 0;
   StepStats last_;

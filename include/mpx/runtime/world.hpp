@@ -2,11 +2,18 @@
 #pragma once
 /// @file runtime/world.hpp
 /// `mpx::World`: the process groups of one run. Rendezvous through a c10d TCPStore at MASTER_ADDR:PORT,
-/// a world group, this rank's pipeline group (the slots of its replica) and its data-parallel group (its
-/// slot in every replica). Global rank = replica * slots + slot. Gloo on CPU; NCCL for CUDA stages when
-/// LibTorch has it (USE_C10D_NCCL). Before anything else every rank checks what it can alone (WORLD_SIZE a
-/// multiple of the slots, devices present), then all ranks compare the pipeline fingerprint in one
-/// collective: any mismatch stops every rank with a message naming the fix. Gloo listens on the interface
+/// then a world group and this rank's groups on the run's 3-D mesh. One pipeline (a replica) has
+/// `P::ranks_per_replica` ranks: slot s occupies `P::tp_degree[s]` adjacent ones, its tensor-parallel
+/// ranks, so global rank = replica * ranks_per_replica + P::first_rank[slot] + tp_rank. Groups:
+/// - `tp`: the ranks of this rank's slot in its replica (tensor parallelism; the group of one at degree 1);
+/// - `lanes`: pipeline lanes j < P::num_lanes, each with one member per slot — slot s's rank j mod
+///   degree(s) — so that every pipeline message has one sender and one receiver in some lane
+///   (boundary_links.hpp); a rank is in the lanes j with j mod its degree = its tp_rank, and `pp` is lane
+///   tp_rank, the one it receives on. At degree 1 everywhere there is one lane: the slots of the replica;
+/// - `dp`: the same (slot, tp_rank) in every replica (data parallelism).
+/// Gloo on CPU; NCCL for CUDA stages when LibTorch has it (USE_C10D_NCCL). Before anything else every rank
+/// checks what it can alone (WORLD_SIZE a multiple of the ranks of one pipeline, devices present), then
+/// all ranks compare the pipeline fingerprint in one collective: any mismatch stops every rank with a message naming the fix. Gloo listens on the interface
 /// `GLOO_SOCKET_IFNAME` names, else on this host's address of the route to MASTER_ADDR (never on what the
 /// host name resolves to, which is loopback on a default Debian); a group whose peers cannot reach each
 /// other stops within the timeout with a `peer_error` naming the address and the fix.
@@ -15,10 +22,12 @@
 #include <mpx/pipeline.hpp>        // mpx::PipelineType
 #include <mpx/runtime/env.hpp>     // mpx::Env
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/runtime/process_group.hpp>  // mpx::ProcessGroupPtr
 #include <mpx/runtime/run_settings.hpp>  // mpx::RunSettings, mpx::check_run_settings
 #include <mpx/runtime/rendezvous.hpp>  // mpx::make_store, mpx::check_reachable, mpx::detail::gloo_endpoint
 #include <mpx/torch/host_memory.hpp>  // mpx::keep_host_memory
 #include <mpx/torch/version.hpp>    // MPX_TORCH_AT_LEAST
+#include <mpx/tp/group.hpp>          // mpx::tp::Group
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>       // c10d::PrefixStore
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // c10d::ProcessGroupGloo
@@ -34,16 +43,11 @@
 #include <iostream>  // std::cerr
 #include <sstream>   // std::ostringstream
 #include <string>    // std::string
+#include <vector>    // std::vector
 
 
 namespace mpx
 {
-
-#if MPX_TORCH_AT_LEAST(2, 0)
-using ProcessGroupPtr = c10::intrusive_ptr<c10d::Backend>;  // Gloo and NCCL derive from Backend in 2.x
-#else
-using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
-#endif
 
 /// How a run starts.
 struct WorldOptions
@@ -58,18 +62,34 @@ struct WorldOptions
 struct World
 {
   Env env;
-  int slots = 1;     ///< pipeline ranks per replica
+  int slots = 1;     ///< pipeline slots per replica
   int replicas = 1;  ///< data-parallel copies
   int slot = 0;      ///< this rank's pipeline position
   int replica = 0;   ///< this rank's replica
+  int tp_rank = 0;   ///< this rank's place among its slot's tensor-parallel ranks
+  int tp_size = 1;   ///< its slot's tensor-parallel degree
+  int ranks_per_replica = 1;
+  std::vector<int> degree, first_rank;     ///< per slot: its tensor-parallel degree, its first rank in a replica
   torch::Device device{torch::kCPU};       ///< where this rank's stages compute
   torch::Device comm_device{torch::kCPU};  ///< where pipeline messages live: CPU for Gloo, the GPU for NCCL
   std::chrono::milliseconds timeout{60000};
   c10::intrusive_ptr<c10d::Store> store;
   ProcessGroupPtr world, pp, dp;
+  std::vector<ProcessGroupPtr> lanes;  ///< per lane, its group (null where this rank is not a member); pp = lanes[tp_rank]
+  tp::GroupPtr tp = c10::make_intrusive<tp::Group>();  ///< this slot's tensor-parallel group
 
-  /// Global rank of (replica, slot).
-  int global_rank(int rep, int s) const { return rep * slots + s; }
+  /// Global rank of (replica, slot, tensor-parallel rank).
+  int global_rank(int rep, int s, int t = 0) const { return rep * ranks_per_replica + first_rank[std::size_t(s)] + t; }
+  /// The slot a global rank belongs to.
+  int slot_of(int rank) const
+  {
+    const int r = rank % ranks_per_replica;
+    int s = 0;
+    while (s + 1 < slots && first_rank[std::size_t(s + 1)] <= r) ++s;
+    return s;
+  }
+  /// Whether this rank takes part in lane j.
+  bool in_lane(int j) const { return j % tp_size == tp_rank; }
 };
 
 /// Waits until every rank of the world has arrived (with the run's timeout); `what` names the place in the
@@ -118,6 +138,54 @@ inline ProcessGroupPtr make_nccl(const c10::intrusive_ptr<c10d::Store>& store, c
 }
 #endif
 
+/// A group of this rank's: Gloo, or NCCL when `nccl` (all its members compute on CUDA).
+inline ProcessGroupPtr make_group(World& w, bool nccl, const std::string& prefix, int rank, int size, const GlooEndpoint& host,
+                                  std::chrono::milliseconds timeout)
+{
+#if defined(USE_C10D_NCCL)
+  if (nccl) return make_nccl(w.store, prefix, rank, size, timeout);
+#else
+  (void)nccl;
+#endif
+  return make_gloo(w.store, prefix, rank, size, timeout, host, w.env.rank);
+}
+
+/// Builds this rank's groups of the mesh (see the file comment), every rank in the same global order:
+/// lanes in increasing j, then tensor-parallel, then data-parallel. NCCL carries a group only when all its
+/// members compute on CUDA: the lanes when every stage is a GPU stage, the others when this slot's are;
+/// otherwise Gloo (tensors staged through CPU).
+template <PipelineType P>
+void make_mesh_groups(World& w, const GlooEndpoint& host, std::chrono::milliseconds timeout)
+{
+  bool all_gpu = true;
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((all_gpu = all_gpu && P::template stage<int(I)>::kind == DeviceKind::cuda), ...);
+  }(std::make_index_sequence<std::size_t(P::num_stages)>{});
+  const bool cuda = w.device.is_cuda();
+#if defined(USE_C10D_NCCL)
+  if (cuda) c10::cuda::set_device(w.device.index());
+#endif
+  const std::string rep = std::to_string(w.replica), slot = std::to_string(w.slot);
+  w.lanes.assign(std::size_t(P::num_lanes), ProcessGroupPtr());
+  for (int j = 0; j < P::num_lanes; ++j)
+    if (w.in_lane(j))
+      w.lanes[std::size_t(j)] = make_group(w, cuda && all_gpu, "mpx/pp/" + rep + "/" + std::to_string(j) + "/", w.slot, w.slots, host, timeout);
+  w.pp = w.lanes[std::size_t(w.tp_rank)];
+#if defined(USE_C10D_NCCL)
+  if (cuda && all_gpu) w.comm_device = w.device;  // the lanes are NCCL groups: messages stay on the device
+#endif
+  if (w.tp_size > 1) {
+    w.tp->pg = make_group(w, cuda, "mpx/tp/" + rep + "/" + slot + "/", w.tp_rank, w.tp_size, host, timeout);
+    w.tp->rank = w.tp_rank;
+    w.tp->size = w.tp_size;
+    w.tp->timeout = timeout;
+    const int first = w.global_rank(w.replica, w.slot);
+    w.tp->name = "tensor-parallel group of slot " + slot + ", replica " + rep + " (ranks " + std::to_string(first) + ".." +
+                 std::to_string(first + w.tp_size - 1) + ")";
+  }
+  w.dp = make_group(w, cuda, "mpx/dp/" + slot + "/" + std::to_string(w.tp_rank) + "/", w.replica, w.replicas, host, timeout);
+}
+
 }  // namespace detail
 
 /// Checks the job against pipeline P and builds its groups (see the file comment).
@@ -129,17 +197,28 @@ World make_world(const Env& env, const WorldOptions& opt = {})
   w.env = env;
   w.timeout = opt.timeout;
   w.slots = P::num_slots;
+  w.ranks_per_replica = P::ranks_per_replica;
+  w.degree.assign(P::tp_degree.begin(), P::tp_degree.end());
+  w.first_rank.assign(P::first_rank.begin(), P::first_rank.end());
   // ---- checks each rank can make alone, before any communication
-  if (env.world_size % P::num_slots != 0) {
+  if (env.world_size % P::ranks_per_replica != 0) {
     std::ostringstream m;
-    m << "mpx: WORLD_SIZE (" << env.world_size << ") is not a multiple of the pipeline's slots (" << P::num_slots
-      << "): WORLD_SIZE = replicas x slots; launch " << P::num_slots << " x k ranks (e.g. --nproc-per-node "
-      << P::num_slots << ")";
+    m << "mpx: WORLD_SIZE (" << env.world_size << ") is not a multiple of the ranks of one pipeline (" << P::ranks_per_replica;
+    if (P::num_lanes > 1) {
+      m << " =";
+      for (int s = 0; s < P::num_slots; ++s) m << (s ? " +" : "") << " slot " << s << ": " << P::tp_degree[std::size_t(s)];
+    } else {
+      m << ", its slots";
+    }
+    m << "): WORLD_SIZE = replicas x " << P::ranks_per_replica << "; launch " << P::ranks_per_replica << " x k ranks (e.g. --nproc-per-node "
+      << P::ranks_per_replica << ")";
     throw config_error(m.str());
   }
-  w.replicas = env.world_size / P::num_slots;
-  w.slot = env.rank % P::num_slots;
-  w.replica = env.rank / P::num_slots;
+  w.replicas = env.world_size / P::ranks_per_replica;
+  w.replica = env.rank / P::ranks_per_replica;
+  w.slot = w.slot_of(env.rank);
+  w.tp_rank = env.rank % P::ranks_per_replica - w.first_rank[std::size_t(w.slot)];
+  w.tp_size = w.degree[std::size_t(w.slot)];
   bool gpu = false;
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     ((gpu = gpu || (P::template stage<int(I)>::kind == DeviceKind::cuda && P::slots[I] == w.slot)), ...);
@@ -160,40 +239,23 @@ World make_world(const Env& env, const WorldOptions& opt = {})
   w.store = make_store(env, opt.timeout);
   const detail::GlooEndpoint host = detail::gloo_endpoint(env);
   check_reachable(*w.store, host, env, opt.timeout);
-  // every rank builds world, then its pipeline group, then its data-parallel group (same global order).
-  // NCCL carries a group only when all its members compute on CUDA: the pipeline group when every stage is
-  // a GPU stage, the data-parallel group when this slot's are; otherwise Gloo (tensors staged through CPU).
+  // the world group first, and on it the one question every rank must agree on before building the mesh's
+  // groups (ranks of different pipelines would wait for each other's groups): the same pipeline?
   w.world = detail::make_gloo(w.store, "mpx/world/", env.rank, env.world_size, opt.timeout, host, env.rank);
-  const std::string pp_prefix = "mpx/pp/" + std::to_string(w.replica) + "/", dp_prefix = "mpx/dp/" + std::to_string(w.slot) + "/";
-#if defined(USE_C10D_NCCL)
-  bool all_gpu = true;
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    ((all_gpu = all_gpu && P::template stage<int(I)>::kind == DeviceKind::cuda), ...);
-  }(std::make_index_sequence<std::size_t(P::num_stages)>{});
-  const bool cuda = w.device.is_cuda();
-  if (cuda) c10::cuda::set_device(w.device.index());
-  w.pp = cuda && all_gpu ? detail::make_nccl(w.store, pp_prefix, w.slot, w.slots, opt.timeout)
-                         : detail::make_gloo(w.store, pp_prefix, w.slot, w.slots, opt.timeout, host, env.rank);
-  w.dp = cuda ? detail::make_nccl(w.store, dp_prefix, w.replica, w.replicas, opt.timeout)
-              : detail::make_gloo(w.store, dp_prefix, w.replica, w.replicas, opt.timeout, host, env.rank);
-  if (cuda && all_gpu) w.comm_device = w.device;
-#else
-  w.pp = detail::make_gloo(w.store, pp_prefix, w.slot, w.slots, opt.timeout, host, env.rank);
-  w.dp = detail::make_gloo(w.store, dp_prefix, w.replica, w.replicas, opt.timeout, host, env.rank);
-#endif
-  // ---- all ranks run the same pipeline?
   const auto mine = static_cast<std::int64_t>(fingerprint_v<P>);
   std::vector<at::Tensor> in{torch::full({1}, mine, torch::kLong)};
   std::vector<std::vector<at::Tensor>> out(1);
   for (int r = 0; r < env.world_size; ++r) out[0].push_back(torch::zeros({1}, torch::kLong));
   w.world->allgather(out, in)->wait(opt.timeout);
-  std::string differ;
+  std::ostringstream ranks;  // (a stream: GCC 12 warns falsely on " " + std::to_string(r) here)
   for (int r = 0; r < env.world_size; ++r)
-    if (out[0][std::size_t(r)].item<std::int64_t>() != mine) differ += " " + std::to_string(r);
+    if (out[0][std::size_t(r)].item<std::int64_t>() != mine) ranks << ' ' << r;
+  const std::string differ = ranks.str();
   if (!differ.empty())
     throw config_error("mpx: ranks" + differ + " run a different pipeline than rank " + std::to_string(env.rank) +
-                       " (the pipeline fingerprints differ: another binary, pipeline type or micro-batch count); start "
-                       "every rank from the same build with the same configuration");
+                       " (the pipeline fingerprints differ: another binary, pipeline type, tensor-parallel degree or micro-batch "
+                       "count); start every rank from the same build with the same configuration");
+  detail::make_mesh_groups<P>(w, host, opt.timeout);
   check_run_settings(*w.store, opt.settings, env.rank, env.world_size, opt.timeout);
   return w;
 }

@@ -6,14 +6,16 @@
 /// being built or run now belong to; the runtime sets it (`tp::Scope`) around a tensor-parallel stage's
 /// construction and forward, and with no scope it is the group of one (N = 1: every block is its plain
 /// LibTorch counterpart, so the same model code runs unsplit in one process). A block keeps the group it
-/// was built in. Every collective names the group, the operation and the fix when a peer fails.
+/// was built in. Every collective names the group, the operation and the fix when a peer fails, and is
+/// counted in `traffic()`.
 
 #include <mpx/runtime/errors.hpp>  // mpx::peer_error, mpx::config_error
-#include <mpx/runtime/world.hpp>   // mpx::ProcessGroupPtr
+#include <mpx/runtime/process_group.hpp>  // mpx::ProcessGroupPtr
 
 #include <torch/torch.h>  // at::Tensor
 
 #include <chrono>   // std::chrono::milliseconds
+#include <cstdint>  // std::int64_t
 #include <memory>   // std::shared_ptr
 #include <string>   // std::string
 #include <utility>  // std::exchange
@@ -66,6 +68,18 @@ inline std::int64_t shard_size(std::int64_t n, int size, const std::string& what
   return n / size;
 }
 
+/// What this process's tensor-parallel collectives carried (payload: an all-reduce's tensor, an
+/// all-gather's gathered result), for benchmarks: `traffic() = {}` resets it.
+struct Traffic
+{
+  std::int64_t all_reduce_calls = 0, all_reduce_bytes = 0, all_gather_calls = 0, all_gather_bytes = 0;
+};
+inline Traffic& traffic()
+{
+  static Traffic t;
+  return t;
+}
+
 namespace detail
 {
 /// Runs collective `op` on `g`, waiting with the group's timeout; a failure is a peer_error naming the group.
@@ -75,8 +89,8 @@ void collective(const Group& g, const char* what, Op&& op)
   try {
     op()->wait(g.timeout);
   } catch (const std::exception& e) {
-    throw peer_error("mpx: rank " + std::to_string(g.rank) + " of the " + g.name + ", " + what +
-                     ": a peer did not take part within the timeout (" + e.what() + ")");
+    throw peer_error("mpx: " + g.name + " (this rank is its member " + std::to_string(g.rank) + " of " + std::to_string(g.size) + "), " +
+                     what + ": a peer did not take part within " + std::to_string(g.timeout.count()) + " ms (" + e.what() + ")");
   }
 }
 }  // namespace detail
@@ -87,6 +101,8 @@ inline void all_reduce(const Group& g, at::Tensor& t, const char* what = "all-re
   if (g.size == 1) return;
   std::vector<at::Tensor> v{t};
   detail::collective(g, what, [&] { return g.pg->allreduce(v); });
+  ++traffic().all_reduce_calls;
+  traffic().all_reduce_bytes += std::int64_t(t.nbytes());
 }
 
 /// The maximum of `t` over the group, in place.
@@ -97,6 +113,8 @@ inline void all_reduce_max(const Group& g, at::Tensor& t, const char* what = "al
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::MAX;
   detail::collective(g, what, [&] { return g.pg->allreduce(v, o); });
+  ++traffic().all_reduce_calls;
+  traffic().all_reduce_bytes += std::int64_t(t.nbytes());
 }
 
 /// Every member's `t` (same shape on all), in group order.
@@ -107,6 +125,8 @@ inline std::vector<at::Tensor> all_gather(const Group& g, const at::Tensor& t, c
   std::vector<std::vector<at::Tensor>> out(1);
   for (int r = 0; r < g.size; ++r) out[0].push_back(torch::empty_like(in[0]));
   detail::collective(g, what, [&] { return g.pg->allgather(out, in); });
+  ++traffic().all_gather_calls;
+  traffic().all_gather_bytes += std::int64_t(in[0].nbytes()) * g.size;
   return out[0];
 }
 

@@ -45,6 +45,8 @@ struct SplitModule
   virtual ~SplitModule() = default;
   virtual std::vector<Split> splits() const = 0;
   virtual const GroupPtr& group() const = 0;
+  /// Whether it runs sequence-parallel (its replicated neighbours' gradients are then partial).
+  virtual bool sequence_parallel() const { return false; }
 };
 
 /// This rank's shard of full tensor `full` under `s` (each part's rank-th N-th along s.dim).
@@ -109,6 +111,7 @@ struct ColumnLinearImpl : torch::nn::Module, SplitModule
     auto y = torch::nn::functional::linear(in, weight, bias);
     return options.gather_output() ? gather_from(y, -1, group_) : y;
   }
+  bool sequence_parallel() const override { return options.sequence_parallel() && group_->size > 1; }
   std::vector<Split> splits() const override
   {
     std::vector<Split> s{{"weight", 0, options.parts()}};
@@ -153,6 +156,7 @@ struct RowLinearImpl : torch::nn::Module, SplitModule
     return bias.defined() ? y + bias : y;
   }
   std::vector<Split> splits() const override { return {{"weight", 1, {}}}; }
+  bool sequence_parallel() const override { return options.sequence_parallel() && group_->size > 1; }
   const GroupPtr& group() const override { return group_; }
 
   RowLinearOptions options;
@@ -170,7 +174,7 @@ struct VocabEmbeddingImpl : torch::nn::Module, SplitModule
   VocabEmbeddingImpl(int64_t vocab, int64_t dim) : VocabEmbeddingImpl(torch::nn::Embedding(vocab, dim)->weight.detach()) {}
   /// This rank's rows of the full table `full` (V, D), e.g. `torch::randn({V, D}) * 0.02`.
   explicit VocabEmbeddingImpl(const torch::Tensor& full, bool sequence_parallel = false)
-      : vocab(full.size(0)), sequence_parallel(sequence_parallel), group_(current())
+      : vocab(full.size(0)), sequence_parallel_(sequence_parallel), group_(current())
   {
     rows = shard_size(vocab, group_->size, "the vocabulary of a VocabEmbedding");
     weight = register_parameter("weight", shard(full.detach(), {"weight", 0, {}}, *group_));
@@ -181,16 +185,17 @@ struct VocabEmbeddingImpl : torch::nn::Module, SplitModule
     const int64_t lo = group_->rank * rows;
     const auto outside = (ids < lo).logical_or(ids >= lo + rows);
     auto e = torch::embedding(weight, (ids - lo).masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0);
-    return sequence_parallel ? reduce_scatter_sequence(e, 1, group_) : reduce_from(e, group_);
+    return sequence_parallel_ ? reduce_scatter_sequence(e, 1, group_) : reduce_from(e, group_);
   }
   std::vector<Split> splits() const override { return {{"weight", 0, {}}}; }
   const GroupPtr& group() const override { return group_; }
+  bool sequence_parallel() const override { return sequence_parallel_ && group_->size > 1; }
 
   int64_t vocab, rows = 0;
-  bool sequence_parallel;
   torch::Tensor weight;
 
  private:
+  bool sequence_parallel_;
   GroupPtr group_;
 };
 TORCH_MODULE(VocabEmbedding);
@@ -222,9 +227,12 @@ inline torch::Tensor cross_entropy(const torch::Tensor& local, const torch::Tens
 inline std::vector<std::pair<std::string, Split>> split_parameters(const torch::nn::Module& m)
 {
   std::vector<std::pair<std::string, Split>> out;
-  for (const auto& item : m.named_modules())
-    if (const auto* s = dynamic_cast<const SplitModule*>(item.value().get()); s && s->group()->size > 1)
-      for (auto sp : s->splits()) out.emplace_back(item.key().empty() ? sp.name : item.key() + "." + sp.name, sp);
+  auto add = [&](const torch::nn::Module* mod, const std::string& prefix) {
+    if (const auto* s = dynamic_cast<const SplitModule*>(mod); s && s->group()->size > 1)
+      for (auto sp : s->splits()) out.emplace_back(prefix + sp.name, sp);
+  };
+  add(&m, "");  // the module itself (which need not be held by a shared_ptr)
+  for (const auto& item : m.named_modules("", /*include_self=*/false)) add(item.value().get(), item.key() + ".");
   return out;
 }
 
