@@ -58,25 +58,8 @@ Reference reference(const scenario::Spec& s, long skip_step = -1)
   return ref;
 }
 
-std::string all_output(const std::vector<test::RankResult>& rs)
-{
-  std::ostringstream o;
-  for (std::size_t r = 0; r < rs.size(); ++r) o << "---- rank " << r << " (exit " << rs[r].code << ")\n" << rs[r].output;
-  return o.str();
-}
-
-/// The values of rank 0's "<key> <step> <value>" lines.
-std::vector<double> values_of(const std::string& out, const std::string& key)
-{
-  std::vector<double> v;
-  std::istringstream in(out);
-  std::string word;
-  long step;
-  double x;
-  while (in >> word)
-    if (word == key && in >> step >> x) v.push_back(x);
-  return v;
-}
+using test::all_output;
+using test::values_of;
 std::vector<double> losses_of(const std::string& out) { return values_of(out, "loss"); }
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }

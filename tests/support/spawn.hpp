@@ -96,4 +96,25 @@ inline std::vector<RankResult> spawn(int n, const std::vector<std::string>& args
   return out;
 }
 
+/// Every rank's exit status and output, for a failing check's message.
+inline std::string all_output(const std::vector<RankResult>& rs)
+{
+  std::ostringstream o;
+  for (std::size_t r = 0; r < rs.size(); ++r) o << "---- rank " << r << " (exit " << rs[r].code << ")\n" << rs[r].output;
+  return o.str();
+}
+
+/// The values of a rank's "<key> <step> <value>" lines, in order.
+inline std::vector<double> values_of(const std::string& out, const std::string& key)
+{
+  std::vector<double> v;
+  std::istringstream in(out);
+  std::string word;
+  long step;
+  double x;
+  while (in >> word)
+    if (word == key && in >> step >> x) v.push_back(x);
+  return v;
+}
+
 }  // namespace test

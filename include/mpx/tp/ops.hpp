@@ -78,68 +78,43 @@ struct ReduceFrom : torch::autograd::Function<ReduceFrom>
   static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], at::Tensor()}; }
 };
 
-struct GatherFrom : torch::autograd::Function<GatherFrom>
+/// What happens to a tensor along one dimension: gathered from every member, this rank's slice taken, or
+/// summed and sliced.
+enum class Along
 {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, GroupPtr g, int64_t dim)
-  {
-    ctx->saved_data["dim"] = dim;
-    auto out = gathered(*g, x, dim, "gather_from (all-gather of a split output)");
-    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
-    return out;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads)
-  {
-    return {sliced(*group_of(ctx), grads[0], ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
-  }
+  gather,
+  slice,
+  reduce_scatter
 };
+inline at::Tensor along(Along op, const Group& g, const at::Tensor& t, int64_t dim)
+{
+  switch (op) {
+    case Along::gather: return gathered(g, t, dim, "all-gather along a dimension");
+    case Along::slice: return sliced(g, t, dim);
+    default: return reduce_scattered(g, t, dim, "reduce-scatter along a dimension (an all-reduce, then the slice)");
+  }
+}
 
-struct ScatterTo : torch::autograd::Function<ScatterTo>
+/// A conjugate pair along dimension `dim`: `Fwd` in the forward, `Bwd` on the gradient.
+template <Along Fwd, Along Bwd>
+struct AlongDim : torch::autograd::Function<AlongDim<Fwd, Bwd>>
 {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, GroupPtr g, int64_t dim)
   {
     ctx->saved_data["dim"] = dim;
-    auto out = sliced(*g, x, dim);
+    auto out = along(Fwd, *g, x, dim);
     ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads)
   {
-    return {gathered(*group_of(ctx), grads[0], ctx->saved_data["dim"].toInt(), "backward of scatter_to (all-gather)"), at::Tensor(),
-            at::Tensor()};
+    return {along(Bwd, *group_of(ctx), grads[0], ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
   }
 };
-
-struct GatherSequence : torch::autograd::Function<GatherSequence>
-{
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, GroupPtr g, int64_t dim)
-  {
-    ctx->saved_data["dim"] = dim;
-    auto out = gathered(*g, x, dim, "gather_sequence (sequence-parallel all-gather)");
-    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
-    return out;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads)
-  {
-    return {reduce_scattered(*group_of(ctx), grads[0], ctx->saved_data["dim"].toInt(), "backward of gather_sequence (reduce-scatter)"),
-            at::Tensor(), at::Tensor()};
-  }
-};
-
-struct ReduceScatterSequence : torch::autograd::Function<ReduceScatterSequence>
-{
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, GroupPtr g, int64_t dim)
-  {
-    ctx->saved_data["dim"] = dim;
-    auto out = reduce_scattered(*g, x, dim, "reduce_scatter_sequence (sequence-parallel reduce-scatter)");
-    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
-    return out;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads)
-  {
-    return {gathered(*group_of(ctx), grads[0], ctx->saved_data["dim"].toInt(), "backward of reduce_scatter_sequence (all-gather)"),
-            at::Tensor(), at::Tensor()};
-  }
-};
+using GatherFrom = AlongDim<Along::gather, Along::slice>;
+using ScatterTo = AlongDim<Along::slice, Along::gather>;
+using GatherSequence = AlongDim<Along::gather, Along::reduce_scatter>;
+using ReduceScatterSequence = AlongDim<Along::reduce_scatter, Along::gather>;
 }  // namespace detail
 
 inline at::Tensor slice_of(const at::Tensor& x, int64_t dim, const GroupPtr& g = current())
