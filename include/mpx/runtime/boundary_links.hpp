@@ -8,7 +8,7 @@
 /// leaves a rank of tensor-parallel rank k (of its slot's degree t) on the lanes j < degree(d) with
 /// j mod t = k, so each of d's ranks receives exactly one copy, on its own lane (at degree 1 everywhere: one
 /// lane, one send). Over Gloo values travel packed,
-/// each channel's room (`ChannelSize`, per peer and channel, at both ends) advanced by `next_step` at every
+/// each channel's room (`ChannelSize`, per lane, peer and channel, at both ends) advanced by `next_step` at every
 /// step's start; over NCCL as header + payloads, a `Receiver` thread posting payloads as headers land.
 /// Every failure here — a dead or silent peer, a message that breaks the boundary — is a `peer_error`.
 
