@@ -208,8 +208,13 @@ inline void check_reachable_at(c10d::Store& store, const std::string& ip, int ra
     const std::string f = text(store.get(key));
     if (!f.empty()) all += (all.empty() ? "" : "; ") + f;
   }
-  if (!all.empty())
-    throw peer_error("mpx: rank " + std::to_string(rank) + ": the ranks cannot all reach each other: " + all +
+  if (all.empty()) return;
+  // every rank reads the same verdict; rank 0 (the store's host, or on the node of the agent that hosts
+  // it) stops only once the others have read it, else they would see the store vanish instead
+  store.set("mpx/reach/read/" + std::to_string(rank), bytes("1"));
+  if (rank == 0)
+    for (int r = 1; r < world; ++r) store.wait({"mpx/reach/read/" + std::to_string(r)}, timeout);
+  throw peer_error("mpx: rank " + std::to_string(rank) + ": the ranks cannot all reach each other: " + all +
                      ". Every node must reach every other node's address: set MASTER_ADDR to an address of the first node that the "
                      "others reach, and GLOO_SOCKET_IFNAME on each node to the interface on that network");
 }
@@ -223,9 +228,14 @@ inline void check_reachable(c10d::Store& store, const detail::GlooEndpoint& at, 
   if (ip.empty() || ip.find(':') != std::string::npos) return;
   try {
     check_reachable_at(store, ip, env.rank, env.world_size, timeout);
+  } catch (const peer_error&) {
+    throw;
   } catch (const c10::Error& e) {
     throw peer_error("mpx: rank " + std::to_string(env.rank) + ": a rank did not report whether it reaches the others within " +
                      std::to_string(timeout.count()) + " ms (did it die, or is it stuck before the rendezvous?): " + e.what_without_backtrace());
+  } catch (const std::exception& e) {  // the store's socket: its host stopped
+    throw peer_error("mpx: rank " + std::to_string(env.rank) + ": the rendezvous store (MASTER_ADDR:MASTER_PORT) went away while the ranks checked "
+                     "that they reach each other (did the first node stop?): " + e.what());
   }
 }
 
