@@ -2,7 +2,8 @@
 # Tensor-parallel benchmark: what one transformer layer's collectives carry per micro-batch under TP 2
 # (measured: tp::traffic of a 4-layer minus a 2-layer model, halved), against Megatron-LM's formula, with
 # and without sequence parallelism; and the step time of TP 2 against TP 1 (one intra-op thread per rank,
-# rounds alternating the modes). Writes benchmarks/results/tp_<host>_<date>.md.
+# rounds alternating the modes); the activations one layer leaves for the backward per rank, with and without
+# sequence parallelism (the allocator's live bytes after the forward). Writes benchmarks/results/tp_<host>_<date>.md.
 #   benchmarks/tp/run.sh [build-dir] [rounds] [steps]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -11,7 +12,7 @@ bench=$build/benchmarks/tp/tp_bench
 mpxrun=$build/tools/mpxrun
 export OMP_NUM_THREADS=1
 b=8; s=64; h=256; n=2  # rows, sequence, width (tp_bench.cpp), degree
-declare -A all traffic
+declare -A all traffic acts
 for ((r = 0; r < rounds; r++)); do
   for mode in "plain 1" "plain 2" "sp 2"; do
     set -- $mode
@@ -19,6 +20,7 @@ for ((r = 0; r < rounds; r++)); do
     t=$(echo "$out" | awk '/^result/ {print $4}')
     all["$1 $2"]="${all["$1 $2"]:-} $t"
     traffic["$1 $2"]=$(echo "$out" | grep '^traffic')
+    acts["$1 $2"]=$(echo "$out" | grep '^activations')
     echo "round $r $1 TP$2 $t s/step"
   done
 done
@@ -28,6 +30,9 @@ per_layer() {  # <mode> <field: 7 all-reduce calls, 9 bytes, 12 all-gather calls
   echo "${traffic["$1 $n"]}" | awk -v f="$2" '{v[$5]=$f} END {print (v["4:"] - v["2:"]) / 2}'
 }
 M=$((b * s * h * 4))  # bytes of one (b, s, h) fp32 activation
+act_layer() {  # <mode> <degree>: one layer's activation bytes per rank, (4 layers - 2 layers) / 2
+  echo "${acts["$1 $2"]}" | awk '{v[$4]=$5} END {printf "%.0f", (v[4] - v[2]) / 2}'
+}
 out=benchmarks/results/tp_$(hostname -s)_$(date +%Y%m%d).md
 source benchmarks/results_file.sh && keep_earlier "$out"
 t1=$(echo "${all["plain 1"]}" | med); t2=$(echo "${all["plain 2"]}" | med); t2sp=$(echo "${all["sp 2"]}" | med)
@@ -59,6 +64,23 @@ t1=$(echo "${all["plain 1"]}" | med); t2=$(echo "${all["plain 2"]}" | med); t2sp
   echo "the ring traffic is 1.5x Megatron's until a backend with reduce-scatter is used; the small extra all-reduces are the"
   echo "replicated parameters' gradient sums (2 LayerNorms and 2 row-parallel biases per layer)."
   echo
+  echo "## Activations one layer holds for its backward, per rank (one micro-batch, fp32)"
+  echo
+  a1=$(act_layer plain 1); a2=$(act_layer plain 2); a2sp=$(act_layer sp 2)
+  echo "| TP 1 | TP 2 | TP 2, sequence parallel | TP 2 / TP 1 | sequence parallel / TP 2 |"
+  echo "|---|---|---|---|---|"
+  echo "| $a1 B ($(awk -v a="$a1" -v m=$M 'BEGIN {printf "%.1f", a / m}') b·s·h) | $a2 B ($(awk -v a="$a2" -v m=$M 'BEGIN {printf "%.1f", a / m}') b·s·h) | $a2sp B ($(awk -v a="$a2sp" -v m=$M 'BEGIN {printf "%.1f", a / m}') b·s·h) | $(awk -v a="$a2" -v b="$a1" 'BEGIN {printf "%.3f", a / b}') | $(awk -v a="$a2sp" -v b="$a2" 'BEGIN {printf "%.3f", a / b}') |"
+  echo
+  echo "Measured as the live bytes of mpx's host cache (every CPU block of 128 KiB or more, rounded to its size classes)"
+  echo "after the forward and the loss, less before it (a 4-layer minus a 2-layer model, halved; the last round's). Tensor parallelism splits what the"
+  echo "attention and the MLP keep (q, k, v, the scores, the MLP's hidden activations); every rank still keeps the whole"
+  echo "LayerNorm inputs and outputs. Sequence parallelism as built here splits the LayerNorm and residual tensors, but a"
+  echo "column-parallel linear gathers its input in the forward and its matmul keeps the gathered, whole tensor for the"
+  echo "backward, so the LayerNorm outputs are still kept whole, beside their shards. Megatron-LM (2205.05198 §4.2.2) keeps"
+  echo "only the shard and gathers again in the backward, which would hold TP 1's activations divided by N"
+  echo "($(awk -v a="$a1" -v m=$M -v n=$n 'BEGIN {printf "%.1f", a / m / n}') b·s·h here); until mpx does, sequence parallelism saves only the split LayerNorm inputs and residuals."
+  echo "This model has no dropout, so there are no masks to keep."
+  echo
   echo "## Step time, 4 layers (median of $rounds rounds)"
   echo
   echo "| TP 1 (one rank) | TP 2 | TP 2, sequence parallel | TP 2 / TP 1 |"
@@ -76,6 +98,7 @@ t1=$(echo "${all["plain 1"]}" | med); t2=$(echo "${all["plain 2"]}" | med); t2sp
   echo "## Raw traffic lines"
   echo
   for k in "plain 2" "sp 2"; do echo "${traffic[$k]}" | sed 's/^/    /'; done
+  for k in "plain 1" "plain 2" "sp 2"; do echo "${acts[$k]}" | sed 's/^/    /'; done
 } > "$out"
 append_earlier "$out"
 echo "wrote $out"

@@ -6,7 +6,9 @@
 // Rank 0 prints, for a model of 2 and of 4 layers, the collectives of one step (calls and payload bytes,
 // tp::traffic), and "result <mode> <N> <seconds per step>" for the 4-layer model. The difference between
 // the two depths is what one transformer layer moves per micro-batch, compared by run.sh with Megatron's
-// formula.
+// formula. It also prints "activations <mode> <N> <layers> <bytes>": what this rank holds for the backward after
+// the forward and the loss: the live bytes of mpx's host cache (torch/host_memory.hpp, every CPU block of 128 KiB
+// and more, whichever thread frees it; sizes rounded to its classes) then, less before the forward.
 #include "support/tiny_tp_transformer.hpp"
 
 #include <mpx/mpx.hpp>
@@ -25,7 +27,9 @@ struct Measured
 {
   tp::Traffic per_step;
   double seconds = 0;
+  long long activation_bytes = 0;
 };
+
 
 Measured run(const tp::GroupPtr& g, int layers, bool sp, int steps)
 {
@@ -41,10 +45,20 @@ Measured run(const tp::GroupPtr& g, int layers, bool sp, int steps)
     opt.step();
   };
   for (long k = 0; k < 2; ++k) step(k);  // warm-up
+  Measured m;
+  {  // the activations one step's forward leaves for its backward
+    auto b = tiny::make_batch(c, rows, 2, 0, 1);
+    opt.zero_grad();
+    const auto before = mpx::host_memory_stats().live_bytes;
+    auto loss = tiny_tp::loss(model(b.tokens), b);
+    m.activation_bytes = static_cast<long long>(mpx::host_memory_stats().live_bytes) - static_cast<long long>(before);
+    loss.backward();
+    if (sp) tp::sum_replicated_gradients(*model, g);
+    opt.step();
+  }
   tp::traffic() = {};
   const auto t0 = std::chrono::steady_clock::now();
   for (long k = 0; k < steps; ++k) step(k);
-  Measured m;
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
   const auto t = tp::traffic();
   m.per_step = {t.all_reduce_calls / steps, t.all_reduce_bytes / steps, t.all_gather_calls / steps, t.all_gather_bytes / steps};
@@ -75,6 +89,9 @@ int main(int argc, char** argv)
         std::printf("traffic %s %d layers %d: all_reduce %lld calls %lld bytes, all_gather %lld calls %lld bytes\n", argv[1], g->size, layers,
                     (long long)m.per_step.all_reduce_calls, (long long)m.per_step.all_reduce_bytes, (long long)m.per_step.all_gather_calls,
                     (long long)m.per_step.all_gather_bytes);
+        const auto cache = mpx::host_memory_stats();
+        if (cache.hits + cache.misses > 0) std::printf("activations %s %d %d %lld\n", argv[1], g->size, layers, m.activation_bytes);
+        else std::printf("activations %s %d %d unmeasured (mpx's host cache is off: unset MPX_KEEP_HOST_MEMORY)\n", argv[1], g->size, layers);
         if (layers == 4) std::printf("result %s %d %.6f\n", argv[1], g->size, m.seconds);
       }
     }

@@ -17,10 +17,11 @@
 namespace moondream
 {
 
-/// vision | text — the seed's split: the encoder on one device, the decoder on the next.
-template <class Schedule>
+/// vision | text — the seed's split: the encoder on one device, the decoder on the next; with TextTP > 1
+/// the decoder is split over that many adjacent ranks (tensor parallelism: heads, MLP columns, vocabulary).
+template <class Schedule, int TextTP = 1>
 using TwoStage = mpx::Pipeline<mpx::Stage<Vision, mpx::GPU<0>, mpx::Optimizer<mpx::AdamW8bit>>,
-                               mpx::Stage<Text, mpx::GPU<1>, mpx::Optimizer<mpx::AdamW8bit>, mpx::Reads<"tokens">>,
+                               mpx::Stage<Text, mpx::GPU<1>, mpx::Optimizer<mpx::AdamW8bit>, mpx::Reads<"tokens">, mpx::TensorParallel<TextTP>>,
                                mpx::Batch<Batch>, mpx::Schedule<Schedule>, mpx::Microbatches<MOONDREAM_MICROBATCHES>>;
 
 /// vision | text [0, n/3) | text [n/3, 2n/3) | text [2n/3, n) — the decoder over three devices.
@@ -33,6 +34,7 @@ using FourStage = mpx::Pipeline<mpx::Stage<Vision, mpx::GPU<0>, mpx::Optimizer<m
 
 struct Options;
 int train_two_stage(const Options& o);   // train_two_stage.cpp
+int train_two_stage_tp(const Options& o);  // train_two_stage_tp.cpp: the text stage over --tp ranks
 int train_four_stage(const Options& o);  // train_four_stage.cpp
 
 }  // namespace moondream

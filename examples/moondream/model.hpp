@@ -9,6 +9,10 @@
 ///   range applies post_ln + lm_head (with bias, untied). Any range is one pipeline stage.
 /// - `Moondream`: both, whole, for one process (the parity reference, evaluation and `moondream_query`),
 ///   with a key/value cache for decoding.
+/// The projections are written with mpx's tensor-parallel blocks (docs/07): built in a group of one they are
+/// plain linear layers; a `Text` stage built under `mpx::TensorParallel<N>` splits its attention by heads
+/// (query and key/value heads alike), its MLP by columns then rows, and its embedding and head by
+/// vocabulary (the loss is `mpx::tp::cross_entropy`: the full logits are never gathered).
 /// Parameter names follow the "new" (state-dict) naming scheme of the reference: `vision.blocks.3.attn.qkv.weight`,
 /// `text.blocks.7.mlp.fc1.bias`, ... (`named_weights()` gives them with global block indices).
 /// Shape legend: B batch, N crops, C channels, S crop side, G grid (patches per side), P = G² patches,
@@ -20,6 +24,7 @@
 #include <boost/hana/define_struct.hpp>  // BOOST_HANA_DEFINE_STRUCT
 #include <mpx/runtime/activation_checkpoint.hpp>    // mpx::checkpoint_block (a plain call unless a stage checkpoints blocks)
 #include <mpx/torch/shaped.hpp>          // mpx::Ranked: a boundary's declared rank
+#include <mpx/tp.hpp>                    // mpx::tp::ColumnLinear, RowLinear, vocab_embedding, cross_entropy
 #include <torch/torch.h>                 // torch::nn
 
 #include <cmath>   // std::sqrt, std::pow
@@ -47,28 +52,58 @@ namespace detail
 {
 inline torch::Tensor gelu(const torch::Tensor& x) { return torch::gelu(x, "tanh"); }
 inline torch::nn::LayerNorm layer_norm(int d) { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(1e-5)); }
+
+/// A parameter's global name: `prefix` + its name in the module, with "blocks.i." renumbered from `first_block`.
+inline std::string global_name(std::string k, const std::string& prefix, int first_block)
+{
+  if (k.rfind("blocks.", 0) == 0) {
+    const auto dot = k.find('.', 7);
+    k = "blocks." + std::to_string(first_block + std::stoi(k.substr(7, dot - 7))) + k.substr(dot);
+  }
+  return prefix + k;
+}
+
+/// Every parameter of `m` under its global name.
+inline std::map<std::string, torch::Tensor> named_weights(const torch::nn::Module& m, const std::string& prefix, int first_block)
+{
+  std::map<std::string, torch::Tensor> out;
+  for (auto& p : m.named_parameters()) out[global_name(p.key(), prefix, first_block)] = p.value();
+  return out;
+}
+
+/// How each tensor-parallel-split parameter of `m` is split, under its global name (empty in a group of one).
+inline std::map<std::string, mpx::tp::Split> named_splits(const torch::nn::Module& m, const std::string& prefix, int first_block)
+{
+  std::map<std::string, mpx::tp::Split> out;
+  for (auto& [n, s] : mpx::tp::split_parameters(m)) out[global_name(n, prefix, first_block)] = s;
+  return out;
+}
 }  // namespace detail
 
-/// fc1 → GELU(tanh) → fc2.
+/// fc1 → GELU(tanh) → fc2; under tensor parallelism fc1 is split by columns, fc2 by rows.
 struct MlpImpl : torch::nn::Module
 {
   MlpImpl(int in, int hidden, int out)
-      : fc1(register_module("fc1", torch::nn::Linear(in, hidden))), fc2(register_module("fc2", torch::nn::Linear(hidden, out)))
+      : fc1(register_module("fc1", mpx::tp::ColumnLinear(in, hidden))), fc2(register_module("fc2", mpx::tp::RowLinear(hidden, out)))
   {
   }
   torch::Tensor forward(const torch::Tensor& x) { return fc2(detail::gelu(fc1(x))); }
-  torch::nn::Linear fc1, fc2;
+  mpx::tp::ColumnLinear fc1;
+  mpx::tp::RowLinear fc2;
 };
 TORCH_MODULE(Mlp);
 
-/// Fused qkv and output projection; the attention itself is computed by the block.
+/// Fused qkv (parts: the widths of Q, K and V, each split by heads under tensor parallelism) and the
+/// output projection (split by rows); the attention itself is computed by the block.
 struct AttnImpl : torch::nn::Module
 {
-  AttnImpl(int dim, int qkv_dim)
-      : qkv(register_module("qkv", torch::nn::Linear(dim, qkv_dim))), proj(register_module("proj", torch::nn::Linear(dim, dim)))
+  AttnImpl(int dim, std::vector<int64_t> qkv_parts)
+      : qkv(register_module("qkv", mpx::tp::ColumnLinear(mpx::tp::ColumnLinearOptions(dim, qkv_parts[0] + qkv_parts[1] + qkv_parts[2]).parts(qkv_parts)))),
+        proj(register_module("proj", mpx::tp::RowLinear(dim, dim)))
   {
   }
-  torch::nn::Linear qkv, proj;
+  mpx::tp::ColumnLinear qkv;
+  mpx::tp::RowLinear proj;
 };
 TORCH_MODULE(Attn);
 
@@ -87,17 +122,17 @@ struct VisionBlockImpl : torch::nn::Module
   explicit VisionBlockImpl(const VisionConfig& c)
       : heads(c.enc_n_heads),
         ln1(register_module("ln1", detail::layer_norm(c.enc_dim))),
-        attn(register_module("attn", Attn(c.enc_dim, 3 * c.enc_dim))),
+        attn(register_module("attn", Attn(c.enc_dim, std::vector<int64_t>{c.enc_dim, c.enc_dim, c.enc_dim}))),
         ln2(register_module("ln2", detail::layer_norm(c.enc_dim))),
         mlp(register_module("mlp", Mlp(c.enc_dim, c.enc_ff_dim, c.enc_dim)))
   {
   }
   torch::Tensor forward(torch::Tensor x_NPE)
   {
-    const auto N = x_NPE.size(0), P = x_NPE.size(1), E = x_NPE.size(2), h = E / heads;
-    auto qkv = attn->qkv(ln1(x_NPE)).chunk(3, -1);  // [q | k | v], each head-major
-    auto split = [&](const torch::Tensor& t) { return t.view({N, P, heads, h}).transpose(1, 2); };
-    auto y = attention(split(qkv[0]), split(qkv[1]), split(qkv[2])).transpose(1, 2).reshape({N, P, E});
+    const auto N = x_NPE.size(0), P = x_NPE.size(1), h = x_NPE.size(2) / heads;
+    auto qkv = attn->qkv(ln1(x_NPE)).chunk(3, -1);  // [q | k | v], each head-major (this rank's heads)
+    auto split = [&](const torch::Tensor& t) { return t.view({N, P, -1, h}).transpose(1, 2); };
+    auto y = attention(split(qkv[0]), split(qkv[1]), split(qkv[2])).transpose(1, 2).reshape({N, P, -1});
     x_NPE = x_NPE + attn->proj(y);
     return x_NPE + mlp(ln2(x_NPE));
   }
@@ -167,15 +202,12 @@ struct VisionImpl : torch::nn::Module
     return proj_mlp(torch::stack(tokens));  // (B, P, D)
   }
 
-  /// Parameters under their global names (`vision.…`).
-  std::map<std::string, torch::Tensor> named_weights()
-  {
-    std::map<std::string, torch::Tensor> out;
-    for (auto& p : named_parameters()) out["vision." + p.key()] = p.value();
-    return out;
-  }
+  /// Parameters under their global names (`vision.…`): this rank's shards of split ones.
+  std::map<std::string, torch::Tensor> named_weights() { return detail::named_weights(*this, "vision.", 0); }
+  std::map<std::string, mpx::tp::Split> named_splits() const { return detail::named_splits(*this, "vision.", 0); }
 
   VisionConfig cfg;
+  mpx::tp::GroupPtr tp_group = mpx::tp::current();  ///< the group its split parameters are split over
   torch::nn::Linear patch_emb;
   torch::Tensor pos_emb;
   torch::nn::ModuleList blocks;
@@ -227,10 +259,11 @@ struct KvCache
 
 struct TextBlockImpl : torch::nn::Module
 {
+  /// Under tensor parallelism (N ranks) it holds heads/N query and kv_heads/N key/value heads.
   explicit TextBlockImpl(const TextConfig& c)
-      : heads(c.n_heads), kv_heads(c.n_kv_heads), head_dim(c.head_dim()),
+      : heads(c.n_heads / mpx::tp::current()->size), kv_heads(c.n_kv_heads / mpx::tp::current()->size), head_dim(c.head_dim()),
         ln(register_module("ln", detail::layer_norm(c.dim))),
-        attn(register_module("attn", Attn(c.dim, c.qkv_dim()))),
+        attn(register_module("attn", Attn(c.dim, std::vector<int64_t>{int64_t(c.n_heads) * head_dim, int64_t(c.n_kv_heads) * head_dim, int64_t(c.n_kv_heads) * head_dim}))),
         mlp(register_module("mlp", Mlp(c.dim, c.ff_dim, c.dim)))
   {
   }
@@ -238,7 +271,7 @@ struct TextBlockImpl : torch::nn::Module
   torch::Tensor forward(const torch::Tensor& x, const Rotary& rope, int64_t pos0, const torch::Tensor& mask, torch::Tensor* k_cache = nullptr,
                         torch::Tensor* v_cache = nullptr)
   {
-    const auto B = x.size(0), T = x.size(1), D = x.size(2);
+    const auto B = x.size(0), T = x.size(1);
     auto h = ln(x);
     auto qkv = attn->qkv(h);  // [Q (H·h) | K (K·h) | V (K·h)], head-major
     auto q = qkv.narrow(-1, 0, heads * head_dim).view({B, T, heads, head_dim}).transpose(1, 2);
@@ -253,49 +286,69 @@ struct TextBlockImpl : torch::nn::Module
       k = k.repeat_interleave(heads / kv_heads, 1);
       v = v.repeat_interleave(heads / kv_heads, 1);
     }
-    auto y = attention(q, k, v, mask).transpose(1, 2).reshape({B, T, D});
+    auto y = attention(q, k, v, mask).transpose(1, 2).reshape({B, T, heads * head_dim});
     return x + attn->proj(y) + mlp(h);  // parallel attention and MLP
   }
-  int heads, kv_heads, head_dim;
+  int heads, kv_heads, head_dim;  // this rank's
   torch::nn::LayerNorm ln;
   Attn attn;
   Mlp mlp;
 };
 TORCH_MODULE(TextBlock);
 
-/// Text decoder layers [begin, end): a pipeline stage (or, with [0, n_layers), the whole decoder).
-struct TextImpl : torch::nn::Module
+/// Text decoder layers [begin, end): a pipeline stage (or, with [0, n_layers), the whole decoder). Its
+/// token table `wte` is split by vocabulary under tensor parallelism (a raw parameter, so Text itself is
+/// the `SplitModule` that says so).
+struct TextImpl : torch::nn::Module, mpx::tp::SplitModule
 {
   using input_type = mpx::Ranked<3>;   // range 0: image embeddings (B, P, D); later ranges: hidden (B, T, D)
   using hidden_type = mpx::Ranked<3>;  // (B, T, D) with T = 1 + P + L
   using output_type = torch::Tensor;  // last range: logits (B, L, V) at the positions that predict tokens[0..L)
   static constexpr std::string_view name = "moondream::Text";
+  static constexpr bool tp_blocks = true;  // written with mpx::tp blocks; its sizes are run-time config, checked when built
 
   TextImpl(const Config& c, int begin_layer, int end_layer)
       : cfg(c), begin(begin_layer), end(end_layer), rope(c.text)
   {
     TORCH_CHECK(0 <= begin && begin < end && end <= c.text.n_layers, "moondream::Text: layer range [", begin, ", ", end,
                 ") is not inside [0, ", c.text.n_layers, ")");
-    if (first()) wte = register_parameter("wte", torch::randn({c.text.vocab_size, c.text.dim}) * 0.02);
+    check_splits(c.text, tp_group->size);
+    if (first()) wte = register_parameter("wte", mpx::tp::shard(torch::randn({c.text.vocab_size, c.text.dim}) * 0.02, {"wte", 0, {}}, *tp_group));
     for (int i = begin; i < end; ++i) blocks->push_back(TextBlock(c.text));
     register_module("blocks", blocks);
     if (last()) {
       post_ln = register_module("post_ln", detail::layer_norm(c.text.dim));
-      lm_head = register_module("lm_head", torch::nn::Linear(c.text.dim, c.text.vocab_size));
+      lm_head = register_module("lm_head", mpx::tp::ColumnLinear(c.text.dim, c.text.vocab_size));
     }
   }
   explicit TextImpl(const Config& c) : TextImpl(c, 0, c.text.n_layers) {}
   bool first() const { return begin == 0; }
   bool last() const { return end == cfg.text.n_layers; }
 
-  /// [BOS, image, tokens] embedded: (B, 1 + P + L, D).
+  /// A tensor-parallel degree must divide every split size of the config (a run-time check: the sizes come
+  /// from the JSON config).
+  static void check_splits(const TextConfig& t, int n)
+  {
+    if (n == 1) return;
+    auto need = [&](long size, const char* what, const char* fix) {
+      if (size % n != 0)
+        throw mpx::config_error("moondream::Text: text tensor parallelism over " + std::to_string(n) + " ranks splits " + what + " (" +
+                                std::to_string(size) + ") " + std::to_string(n) + " ways: " + fix);
+    };
+    need(t.n_heads, "the attention heads", "choose --tp among the divisors of n_heads");
+    need(t.n_kv_heads, "the key/value heads", "choose --tp among the divisors of n_kv_heads (replicating fewer key/value heads is not supported)");
+    need(t.ff_dim, "the MLP width ff_dim", "choose --tp among the divisors of ff_dim");
+    need(t.vocab_size, "the vocabulary", "pad vocab_size to a multiple of --tp");
+  }
+
+  /// [BOS, image, tokens] embedded: (B, 1 + P + L, D); BOS and the tokens in one lookup.
   torch::Tensor embed(const torch::Tensor& img_BPD, const torch::Tensor& tokens_BL)
   {
-    const auto B = img_BPD.size(0);
-    auto bos = wte[cfg.tokenizer.bos_id].view({1, 1, -1}).expand({B, 1, wte.size(1)});
-    return torch::cat({bos, img_BPD, embed_tokens(tokens_BL)}, 1);
+    const auto B = img_BPD.size(0), L = tokens_BL.size(1);
+    auto e = embed_tokens(torch::cat({torch::full({B, 1}, cfg.tokenizer.bos_id, tokens_BL.options().dtype(torch::kLong)), tokens_BL.to(torch::kLong)}, 1));
+    return torch::cat({e.narrow(1, 0, 1), img_BPD, e.narrow(1, 1, L)}, 1);
   }
-  torch::Tensor embed_tokens(const torch::Tensor& tokens_BL) { return torch::nn::functional::embedding(tokens_BL.to(wte.device()), wte); }
+  torch::Tensor embed_tokens(const torch::Tensor& tokens_BL) { return mpx::tp::vocab_embedding(wte, tokens_BL.to(wte.device()), tp_group); }
 
   /// Runs this range's blocks on x (B, T, D) at positions [pos0, pos0 + T).
   torch::Tensor run_blocks(torch::Tensor x, int64_t pos0 = 0, KvCache* cache = nullptr)
@@ -315,6 +368,7 @@ struct TextImpl : torch::nn::Module
     }
     return x;
   }
+  /// Logits (this rank's vocabulary share under tensor parallelism).
   torch::Tensor head(const torch::Tensor& h) { return lm_head(post_ln(h)); }
 
   /// The pipeline stage: range 0 embeds, every range runs its blocks, the last returns the logits of the
@@ -331,37 +385,33 @@ struct TextImpl : torch::nn::Module
   /// Logits of all L token positions: (B, L, V).
   torch::Tensor all_logits(const torch::Tensor& h, const Batch& b) { return head(h.narrow(1, cfg.prefix() - 1, b.tokens.size(1))); }
 
-  /// Parameters under their global names (`text.wte`, `text.blocks.{begin + i}.…`, `text.lm_head.…`).
-  std::map<std::string, torch::Tensor> named_weights()
-  {
-    std::map<std::string, torch::Tensor> out;
-    for (auto& p : named_parameters()) {
-      std::string k = p.key();
-      if (k.rfind("blocks.", 0) == 0) {
-        const auto dot = k.find('.', 7);
-        k = "blocks." + std::to_string(begin + std::stoi(k.substr(7, dot - 7))) + k.substr(dot);
-      }
-      out["text." + k] = p.value();
-    }
-    return out;
-  }
+  /// Parameters under their global names (`text.wte`, `text.blocks.{begin + i}.…`, `text.lm_head.…`): this
+  /// rank's shards of split ones.
+  std::map<std::string, torch::Tensor> named_weights() { return detail::named_weights(*this, "text.", begin); }
+  std::map<std::string, mpx::tp::Split> named_splits() const { return detail::named_splits(*this, "text.", begin); }
 
+  // mpx::tp::SplitModule: the raw table
+  std::vector<mpx::tp::Split> splits() const override { return first() ? std::vector<mpx::tp::Split>{{"wte", 0, {}}} : std::vector<mpx::tp::Split>{}; }
+  const mpx::tp::GroupPtr& group() const override { return tp_group; }
+
+  mpx::tp::GroupPtr tp_group = mpx::tp::current();  ///< the group its split parameters are split over
   Config cfg;
   int begin, end;
   Rotary rope;
   torch::Tensor wte;
   torch::nn::ModuleList blocks;
   torch::nn::LayerNorm post_ln{nullptr};
-  torch::nn::Linear lm_head{nullptr};
+  mpx::tp::ColumnLinear lm_head{nullptr};
 };
 TORCH_MODULE(Text);
 
 /// Answer-only next-token cross-entropy: mean over the supervised tokens of the batch (§8). Takes the
-/// logits of the supervised positions (K, V), as `Text::forward` returns them.
+/// logits of the supervised positions (K, V), as `Text::forward` returns them (K, V/N under tensor
+/// parallelism: the loss is reduced over the group without gathering them).
 inline torch::Tensor answer_loss(const torch::Tensor& logits_KV, const Batch& b)
 {
   auto t = b.targets.to(logits_KV.device());
-  return torch::nn::functional::cross_entropy(logits_KV, t.index({t != ignore_index}));
+  return mpx::tp::cross_entropy(logits_KV, t.index({t != ignore_index}));
 }
 
 // ---- The whole model, in one process ---------------------------------------------------------------
@@ -386,7 +436,7 @@ struct MoondreamImpl : torch::nn::Module
     torch::NoGradGuard ng;
     Batch b{crops_1NCSS, tiling_12, torch::empty({1, 0}, torch::kLong), torch::empty({1, 0}, torch::kLong)};
     auto img = vision->forward(crops_1NCSS, b);
-    auto bos = text->wte[cfg.tokenizer.bos_id].view({1, 1, -1});
+    auto bos = text->embed_tokens(torch::full({1, 1}, cfg.tokenizer.bos_id, torch::kLong));
     KvCache cache;
     text->run_blocks(torch::cat({bos, img}, 1), 0, &cache);
     return cache;

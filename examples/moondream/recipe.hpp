@@ -32,6 +32,7 @@ struct Options
   std::string config = "tiny", weights, tokenizer = MOONDREAM_TOKENIZER_DIR;
   std::string data = "generated", eval_data;
   std::string layout = "2";      ///< 1 (one process, no mpx), 2 (vision | text), 4 (vision | text ×3), 2x2 (2 replicas × 2 stages)
+                                 ///< with --tp 2, layouts 2 and 2x2 split the text stage over 2 ranks
   std::string schedule = "1f1b"; ///< gpipe, 1f1b, zbh1
   int microbatch_size = 8;       ///< samples per micro-batch; a step is MOONDREAM_MICROBATCHES micro-batches per replica
   long steps = 450;  // the demo: about 4 minutes of training on 2 cores (~60 samples/s)
@@ -55,6 +56,7 @@ struct Options
   long log_every = 10;
   bool quiet = false;
   int emulate_replicas = 1;       ///< layout 1 only: compute a data-parallel run's global batch (its parity reference)
+  int tp = 1;                     ///< tensor-parallel degree of the text stage (layouts 2 and 2x2)
 
   int microbatches() const { return MOONDREAM_MICROBATCHES; }
   bool train_vision() const { return freeze_vision == "off" || (freeze_vision == "auto" && weights.empty()); }
@@ -196,7 +198,9 @@ inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Options& o,
   auto opts = torch::optim::AdamWOptions(o.peak_lr()).betas({0.9, 0.95}).eps(1e-6).weight_decay(o.weight_decay);
   if (o.optimizer == "adamw") return std::make_unique<torch::optim::AdamW>(params, opts);
   if (o.optimizer == "adamw8bit") return std::make_unique<mpx::AdamW8bitOptimizer>(params, opts);
-  throw mpx::config_error("moondream_train: --optimizer " + o.optimizer + " is not known; use adamw8bit (the recipe) or adamw");
+  if (o.optimizer == "sgd")  // for parity checks: rounding differences stay at their size (AdamW scales each to a full step)
+    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(o.peak_lr()).momentum(0.9).weight_decay(o.weight_decay));
+  throw mpx::config_error("moondream_train: --optimizer " + o.optimizer + " is not known; use adamw8bit (the recipe), adamw or sgd");
 }
 
 /// Balanced layer ranges of the decoder over `parts` stages.
@@ -232,10 +236,34 @@ inline void init_answer_prior(const std::map<std::string, at::Tensor>& w, const 
 
 /// Puts `w` (global names) into the modules' parameters: from --weights, or the deterministic init
 /// (with the answer prior on the output bias).
-inline void initialise(const Options& o, const Config& c, const std::map<std::string, at::Tensor>& w, const Dataset& train, const Tokenizer& tok)
+inline void initialise_weights(const Options& o, const Config& c, const std::map<std::string, at::Tensor>& w, const Dataset& train, const Tokenizer& tok)
 {
   if (o.weights.empty()) init_weights(w, o.seed), init_answer_prior(w, train, tok, c);
   else assign(read_weights(o.weights, c), w);
+}
+
+/// `initialise_weights` of a module that may be tensor-parallel (Vision, Text): each split parameter is set whole,
+/// then cut to this rank's shard, so every degree starts from layout 1's weights.
+template <class M>
+void initialise(const Options& o, const Config& c, M& m, const Dataset& train, const Tokenizer& tok)
+{
+  auto local = m.named_weights();
+  const auto splits = m.named_splits();
+  auto whole = local;
+  for (auto& [n, s] : splits) whole[n] = torch::empty(mpx::tp::unsplit_sizes(local[n], s, *m.tp_group), local[n].options());
+  initialise_weights(o, c, whole, train, tok);
+  torch::NoGradGuard ng;
+  for (auto& [n, s] : splits) local[n].copy_(mpx::tp::shard(whole[n], s, *m.tp_group));
+}
+
+/// A module's weights whole, under global names: split ones gathered over its tensor-parallel group (a
+/// collective over that group: each of its ranks calls it).
+template <class M>
+std::map<std::string, at::Tensor> whole_weights(M& m)
+{
+  auto w = m.named_weights();
+  for (auto& [n, s] : m.named_splits()) w[n] = mpx::tp::unshard(w[n], s, *m.tp_group);
+  return w;
 }
 
 }  // namespace moondream

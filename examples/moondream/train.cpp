@@ -4,6 +4,7 @@
 //
 //   moondream_train                                  # the demo: tiny config, generated shapes, 2 CPU ranks
 //   moondream_train --layout 4 --schedule zbh1       # vision | text x 3
+//   moondream_train --tp 2                           # vision | text split over 2 ranks (tensor parallel): 3 ranks
 //   moondream_train --config md2 --weights model.safetensors --tokenizer tokenizer.json --data docci.jsonl
 //
 // See docs/04_moondream.md for the layouts, the recipe and the real md2 weights.
@@ -24,6 +25,7 @@ int main(int argc, char** argv)
   app.add_option("--eval-data", o.eval_data, "held-out JSONL (the generated set has its own held-out split)");
   app.add_option("--layout", o.layout, "1 (one process, plain LibTorch), 2 (vision | text), 4 (vision | text x 3), 2x2 (2 replicas x 2 stages)")
       ->check(CLI::IsMember({"1", "2", "4", "2x2"}))->capture_default_str();
+  app.add_option("--tp", o.tp, "tensor-parallel degree of the text stage (layouts 2 and 2x2): 1 or 2")->check(CLI::IsMember({1, 2}))->capture_default_str();
   app.add_option("--schedule", o.schedule, "gpipe | 1f1b | zbh1")->check(CLI::IsMember({"gpipe", "1f1b", "zbh1"}))->capture_default_str();
   app.add_option("--microbatch-size", o.microbatch_size, "samples per micro-batch (a step is " + std::to_string(o.microbatches()) + " micro-batches per replica)")
       ->check(CLI::PositiveNumber)->capture_default_str();
@@ -34,7 +36,8 @@ int main(int argc, char** argv)
   app.add_option("--warmup", o.warmup, "warm-up fraction of the steps (then cosine to 0.1 x lr)")->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay)->capture_default_str();
   app.add_option("--clip", o.clip, "global gradient-norm clipping; 0: off")->capture_default_str();
-  app.add_option("--optimizer", o.optimizer, "adamw8bit (the recipe) | adamw")->check(CLI::IsMember({"adamw8bit", "adamw"}))->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "adamw8bit (the recipe) | adamw | sgd (momentum 0.9: parity checks)")
+      ->check(CLI::IsMember({"adamw8bit", "adamw", "sgd"}))->capture_default_str();
   app.add_option("--precision", o.precision, "fp32 | bf16 (autocast, fp32 master weights)")->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   app.add_flag("--checkpoint", o.checkpoint, "activation checkpointing of every stage");
   app.add_flag("--checkpoint-blocks", o.checkpoint_blocks, "activation checkpointing of every block (vision and text)");
@@ -57,10 +60,15 @@ int main(int argc, char** argv)
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (o.tp > 1 && (o.layout == "1" || o.layout == "4"))
+      throw mpx::config_error("moondream_train: --tp " + std::to_string(o.tp) + " splits the text stage of layout 2 or 2x2; layout " + o.layout +
+                              " has " + (o.layout == "1" ? "no stages (one process)" : "three text stages") + ": use --layout 2 or 2x2, or --tp 1");
     if (o.layout == "1") return moondream::train_single(o);
-    const int nproc = o.layout == "4" || o.layout == "2x2" ? 4 : 2;
+    const int per_replica = o.layout == "4" ? 4 : 1 + o.tp;  // vision's rank, then the text stage's
+    const int nproc = o.layout == "2x2" ? 2 * per_replica : per_replica;
     if (const int status = mpx::relaunch_self(nproc, argc, argv); status >= 0) return status;
-    return o.layout == "4" ? moondream::train_four_stage(o) : moondream::train_two_stage(o);
+    if (o.layout == "4") return moondream::train_four_stage(o);
+    return o.tp > 1 ? moondream::train_two_stage_tp(o) : moondream::train_two_stage(o);
   } catch (const std::exception& e) {
     std::cerr << e.what() << "\n";
     return 1;

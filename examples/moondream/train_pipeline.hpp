@@ -55,8 +55,9 @@ int train_pipeline(const Options& o)
   const long total = resolve_steps(o, data, world.replicas);
   const auto ranges = split_layers(c.text.n_layers, P::num_stages - 1);
   if (lead) {
-    std::cout << fmt::format("moondream_train: config {} ({} vision + {} text layers), layout {}, {} ranks, {} on {}\n", c.name,
-                             c.vision.enc_n_layers, c.text.n_layers, o.layout, env.world_size, P::schedule::name,
+    std::cout << fmt::format("moondream_train: config {} ({} vision + {} text layers), layout {}{}, {} ranks, {} on {}\n", c.name,
+                             c.vision.enc_n_layers, c.text.n_layers, o.layout, o.tp > 1 ? fmt::format(" (text tensor-parallel over {} ranks)", o.tp) : "",
+                             env.world_size, P::schedule::name,
                              world.device.is_cuda() ? "CUDA" : "CPU (no CUDA here: this example opts into running GPU<i> stages on CPU ranks)");
     std::cout << mpx::print<P>;
     for (int i = 1; i < P::num_stages; ++i) std::cout << fmt::format("  stage {}: text layers [{}, {})\n", i, ranges[i - 1].first, ranges[i - 1].second);
@@ -68,13 +69,13 @@ int train_pipeline(const Options& o)
     constexpr int I = decltype(stage)::value;
     if constexpr (I == 0) {
       Vision v(c);
-      initialise(o, c, v->named_weights(), *data.train, tok);
+      initialise(o, c, *v, *data.train, tok);
       if (!o.train_vision())
         for (auto& p : v->parameters()) p.requires_grad_(false);
       return v;
     } else {
       Text t(c, ranges[I - 1].first, ranges[I - 1].second);
-      initialise(o, c, t->named_weights(), *data.train, tok);
+      initialise(o, c, *t, *data.train, tok);  // a text stage under --tp: this rank's shards of layout 1's weights
       return t;
     }
   };
@@ -96,12 +97,18 @@ int train_pipeline(const Options& o)
 
   const std::string save = o.save;
   const std::string scratch = save.empty() ? (std::filesystem::temp_directory_path() / ("moondream_eval_" + std::to_string(env.master_port))).string() : save;
-  auto export_model = [&](const std::string& dir) {  // each stage of replica 0 writes its weights under global names
+  // each stage of replica 0 writes its weights whole under global names (a tensor-parallel stage's ranks
+  // gather their shards; its first rank writes them)
+  auto export_stage = [&](const std::string& dir, int i, auto& module) {
+    const auto whole = whole_weights(module);
+    if (module.tp_group->rank == 0) write_weights(dir + "/stage" + std::to_string(i) + ".safetensors", whole);
+  };
+  auto export_model = [&](const std::string& dir) {
     if (lead) std::filesystem::create_directories(dir);
     store_barrier(world, "mkdir/" + dir, wo.timeout);
     if (world.replica == 0)
       [&]<std::size_t... I>(std::index_sequence<I...>) {
-        ((trainer.holds(int(I)) ? (write_weights(dir + "/stage" + std::to_string(I) + ".safetensors", trainer.template module<int(I)>()->named_weights()), 0) : 0), ...);
+        ((trainer.holds(int(I)) ? (export_stage(dir, int(I), *trainer.template module<int(I)>()), 0) : 0), ...);
       }(std::make_index_sequence<P::num_stages>{});
     store_barrier(world, "export/" + dir, wo.timeout);
   };

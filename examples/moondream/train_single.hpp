@@ -36,7 +36,7 @@ inline int train_single(const Options& o)
   Data data = make_data(o, c);
   const long total = resolve_steps(o, data, o.emulate_replicas);
   Moondream m(c);
-  initialise(o, c, m->named_weights(), *data.train, tok);
+  initialise_weights(o, c, m->named_weights(), *data.train, tok);
   std::vector<at::Tensor> trainable;
   for (auto& [n, p] : m->named_weights()) {
     if (n.rfind("vision.", 0) == 0 && !o.train_vision()) p.requires_grad_(false);

@@ -10,8 +10,10 @@
 /// - optionally `using hidden_type = ...;` — needed for `Layers<b, e>` stages: what one layer range
 ///   hands the next (range 0 takes `input_type`, the last range returns `output_type`);
 /// - optionally `static constexpr int num_layers` (checked against `Layers`), `static constexpr int
-///   num_heads` (checked against `TensorParallel`), `static constexpr bool tp_blocks` (written with mpx::tp
-///   blocks, so it splits itself under `TensorParallel<N>`), `static constexpr std::string_view name`.
+///   num_heads`, `num_kv_heads`, `ffn_width`, `vocab_size` (each checked against `TensorParallel<N>`: N must
+///   divide it), `static constexpr bool tp_blocks` (written with mpx::tp blocks, so it splits itself under
+///   `TensorParallel<N>`), `static constexpr std::string_view name`. A module whose sizes are run-time
+///   configuration declares none of them and its blocks check them when built.
 /// Minimal complete definition: a one-argument `forward`. Models: tests/support/archetypes.hpp,
 /// examples/hello_pipeline.
 
@@ -90,6 +92,9 @@ struct io_of<I, true>
 
 template <class I> constexpr int static_num_layers() { if constexpr (requires { I::num_layers; }) return I::num_layers; else return -1; }
 template <class I> constexpr int static_num_heads() { if constexpr (requires { I::num_heads; }) return I::num_heads; else return -1; }
+template <class I> constexpr int static_num_kv_heads() { if constexpr (requires { I::num_kv_heads; }) return I::num_kv_heads; else return -1; }
+template <class I> constexpr long static_ffn_width() { if constexpr (requires { I::ffn_width; }) return I::ffn_width; else return -1; }
+template <class I> constexpr long static_vocab_size() { if constexpr (requires { I::vocab_size; }) return I::vocab_size; else return -1; }
 template <class I> constexpr bool static_tp_blocks() { if constexpr (requires { { I::tp_blocks } -> std::convertible_to<bool>; }) return I::tp_blocks; else return false; }
 template <class I> constexpr std::string_view module_name()
 {
@@ -111,6 +116,9 @@ struct module_traits
   using hidden_type = typename detail::hidden_of<impl>::type;
   static constexpr int num_layers = detail::static_num_layers<impl>();  ///< -1 if not known statically
   static constexpr int num_heads = detail::static_num_heads<impl>();    ///< -1 if not declared
+  static constexpr int num_kv_heads = detail::static_num_kv_heads<impl>();  ///< -1 if not declared
+  static constexpr long ffn_width = detail::static_ffn_width<impl>();       ///< the MLP's hidden width; -1 if not declared
+  static constexpr long vocab_size = detail::static_vocab_size<impl>();     ///< -1 if not declared
   static constexpr bool tp_blocks = detail::static_tp_blocks<impl>();   ///< written with mpx::tp blocks: it splits itself
   static constexpr std::string_view name = detail::module_name<impl>();
 };

@@ -110,12 +110,19 @@ struct Stage
                 "mpx::Stage: mpx::TensorParallel<N> needs a module that says how it splits: write it with mpx::tp "
                 "blocks (ColumnLinear, RowLinear, VocabEmbedding, tp::cross_entropy) and declare "
                 "static constexpr bool tp_blocks = true");
-  static_assert(tensor_parallel == 1 || traits::num_heads > 0,
-                "mpx::Stage: mpx::TensorParallel<N> splits attention heads; the module must declare "
-                "static constexpr int num_heads");
   static_assert(tensor_parallel == 1 || traits::num_heads <= 0 || traits::num_heads % tensor_parallel == 0,
                 "mpx::Stage: the tensor-parallel degree N of mpx::TensorParallel<N> must divide the module's num_heads; "
                 "choose N among the divisors of num_heads");
+  static_assert(tensor_parallel == 1 || traits::num_kv_heads <= 0 || traits::num_kv_heads % tensor_parallel == 0,
+                "mpx::Stage: the tensor-parallel degree N of mpx::TensorParallel<N> must divide the module's num_kv_heads "
+                "(each rank holds its query heads' key/value heads; replicating fewer than N key/value heads is not "
+                "supported): choose N among the divisors of num_kv_heads");
+  static_assert(tensor_parallel == 1 || traits::ffn_width <= 0 || traits::ffn_width % tensor_parallel == 0,
+                "mpx::Stage: the tensor-parallel degree N of mpx::TensorParallel<N> must divide the module's ffn_width "
+                "(the MLP's columns are split N ways): choose N among its divisors, or pad the width");
+  static_assert(tensor_parallel == 1 || traits::vocab_size <= 0 || traits::vocab_size % tensor_parallel == 0,
+                "mpx::Stage: the tensor-parallel degree N of mpx::TensorParallel<N> must divide the module's vocab_size "
+                "(the embedding and the head are split by vocabulary): pad the vocabulary to a multiple of N");
 
   using layers_policy = typename detail::first_of<detail::is_layers_p, detail::no_policy, Policies...>::type;
   static constexpr bool has_layers = detail::count_if<detail::is_layers_p, Policies...> > 0;

@@ -167,6 +167,28 @@ struct RowLinearImpl : torch::nn::Module, SplitModule
 };
 TORCH_MODULE(RowLinear);
 
+/// The sizes of the full tensor of which `local` is one member's shard under `s` (every part splits evenly).
+inline std::vector<int64_t> unsplit_sizes(const at::Tensor& local, const Split& s, const Group& g)
+{
+  auto sizes = local.sizes().vec();
+  sizes[std::size_t(s.dim)] *= g.size;
+  return sizes;
+}
+
+/// Lookup of `ids` in a vocabulary-split table: `local` holds rows [rank·R, (rank+1)·R) of the full
+/// (V, D) table; ids outside them look up zeros, and the sum over the group (an all-reduce, or with
+/// `sequence_parallel` a reduce-scatter along dim 1) is the full lookup. A raw table parameter (one that
+/// is not a VocabEmbedding) uses it directly.
+inline torch::Tensor vocab_embedding(const torch::Tensor& local, const torch::Tensor& ids, const GroupPtr& g = current(),
+                                     bool sequence_parallel = false)
+{
+  if (g->size == 1) return torch::embedding(local, ids);
+  const int64_t rows = local.size(0), lo = g->rank * rows;
+  const auto outside = (ids < lo).logical_or(ids >= lo + rows);
+  auto e = torch::embedding(local, (ids - lo).masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0);
+  return sequence_parallel ? reduce_scatter_sequence(e, 1, g) : reduce_from(e, g);
+}
+
 /// Rows of the table split (see the file comment).
 struct VocabEmbeddingImpl : torch::nn::Module, SplitModule
 {
@@ -179,14 +201,7 @@ struct VocabEmbeddingImpl : torch::nn::Module, SplitModule
     rows = shard_size(vocab, group_->size, "the vocabulary of a VocabEmbedding");
     weight = register_parameter("weight", shard(full.detach(), {"weight", 0, {}}, *group_));
   }
-  torch::Tensor forward(const torch::Tensor& ids)
-  {
-    if (group_->size == 1) return torch::embedding(weight, ids);
-    const int64_t lo = group_->rank * rows;
-    const auto outside = (ids < lo).logical_or(ids >= lo + rows);
-    auto e = torch::embedding(weight, (ids - lo).masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0);
-    return sequence_parallel_ ? reduce_scatter_sequence(e, 1, group_) : reduce_from(e, group_);
-  }
+  torch::Tensor forward(const torch::Tensor& ids) { return vocab_embedding(weight, ids, group_, sequence_parallel_); }
   std::vector<Split> splits() const override { return {{"weight", 0, {}}}; }
   const GroupPtr& group() const override { return group_; }
   bool sequence_parallel() const override { return sequence_parallel_ && group_->size > 1; }
