@@ -66,6 +66,18 @@ inline std::string settings_difference(const RunSettings& mine, int me, const Ru
     if (!find(mine, k)) return "rank " + std::to_string(them) + " has run setting '" + k + "' = '" + v + "', rank " + std::to_string(me) + " does not set it";
   return {};
 }
+/// A rank that found a difference marks that it has read what it needs; rank 0 (the store's host, or beside
+/// the agent that hosts it) waits for every other rank's mark before it stops, so that no rank sees the
+/// store vanish instead of the difference. Every rank finds one (each compares with every other).
+inline void settings_read(c10d::Store& store, int rank, int world, std::chrono::milliseconds timeout)
+{
+  try {
+    store.set("mpx/settings/read/" + std::to_string(rank), std::vector<uint8_t>{1});
+    if (rank == 0)
+      for (int r = 1; r < world; ++r) store.wait({"mpx/settings/read/" + std::to_string(r)}, timeout);
+  } catch (const std::exception&) {  // a rank that died first: the difference is still what to report
+  }
+}
 }  // namespace detail
 
 /// Compares this rank's settings with every rank's (a collective over the store: every rank calls it).
@@ -84,9 +96,11 @@ inline void check_run_settings(c10d::Store& store, const RunSettings& mine, int 
     }
     const auto bytes = store.get(key);
     const std::string diff = detail::settings_difference(mine, rank, detail::decode_settings(std::string(bytes.begin(), bytes.end())), r);
-    if (!diff.empty())
+    if (!diff.empty()) {
+      detail::settings_read(store, rank, world, timeout);
       throw config_error("mpx: rank " + std::to_string(rank) + ": the ranks were started with different settings: " + diff +
                          "; start every rank with the same command line and files");
+    }
   }
 }
 
