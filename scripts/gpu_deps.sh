@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 rm -rf .deps && mkdir -p .deps/include/boost .deps/gloo
 cp -r /usr/include/boost/hana /usr/include/boost/hana.hpp /usr/include/boost/core /usr/include/boost/config \
       /usr/include/boost/config.hpp .deps/include/boost/
-cp -r /usr/include/range /usr/include/meta /usr/include/concepts /usr/include/std /usr/include/catch2 /usr/include/nlohmann .deps/include/
+cp -r /usr/include/range /usr/include/meta /usr/include/concepts /usr/include/std /usr/include/catch2 /usr/include/nlohmann \
+      /usr/include/xxhash.h .deps/include/
 cp -r /usr/include/gloo .deps/gloo/
 du -sh .deps

@@ -10,6 +10,7 @@ packages=(
   libopenblas0-pthread                      # without it LibTorch runs on the reference BLAS, ~40x slower
   libboost-dev librange-v3-dev catch2       # Boost.Hana, range-v3, Catch2
   nlohmann-json3-dev libfmt-dev libcli11-dev libstb-dev
+  libxxhash-dev                             # checkpoint checksums (XXH3-64, used header-only)
   python3-torch iproute2                    # torchrun (the launcher test) and ip netns (the two-node test)
 )
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)  # moondream's tokenizer files and test

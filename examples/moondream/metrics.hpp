@@ -29,7 +29,20 @@ struct Progress
   {
     if (path.empty()) return;
     std::filesystem::create_directories(std::filesystem::path(path).parent_path().empty() ? "." : std::filesystem::path(path).parent_path());
+    if (append) keep_steps_before(path, first_step);  // a resumed run rewrites the steps after its checkpoint
     metrics.open(path, append ? std::ios::app : std::ios::trunc);
+  }
+  /// Drops the lines of steps >= `step` from the metrics file at `path` (what a crash left after the
+  /// checkpoint the run resumes from).
+  static void keep_steps_before(const std::string& path, long step)
+  {
+    std::ifstream in(path);
+    std::string line, kept;
+    const std::string key = "{\"step\": ";
+    while (std::getline(in, line))
+      if (line.rfind(key, 0) == 0 && std::stol(line.substr(key.size())) < step) kept += line + "\n";
+    in.close();
+    std::ofstream(path, std::ios::trunc) << kept;
   }
   void record(long step, long total, double loss, double lr, double grad_norm, double seconds, long samples, long tokens, bool skipped, bool print)
   {

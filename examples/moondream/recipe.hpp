@@ -48,6 +48,7 @@ struct Options
   std::string freeze_vision = "auto";  ///< auto: frozen when fine-tuning (--weights), trained from scratch
   std::string save, resume;
   long save_every = 0;
+  int max_restarts = 0;  ///< the launcher restarts the ranks after a failure; they resume from --save
   long eval_samples = 200, train_samples = 20000;
   int image_size = 0;             ///< generated images: 0 = the config's crop size
   std::uint64_t seed = 1;

@@ -45,7 +45,9 @@ int main(int argc, char** argv)
       ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
   app.add_option("--save", o.save, "directory for checkpoint/, model/, metrics.jsonl, loss.svg");
   app.add_option("--save-every", o.save_every, "also checkpoint every N steps");
-  app.add_option("--resume", o.resume, "continue from <dir>/checkpoint (same layout and config)");
+  app.add_option("--resume", o.resume, "continue from <dir>/checkpoint's latest checkpoint, or from a checkpoint directory (same layout and config)");
+  app.add_option("--max-restarts", o.max_restarts, "after a rank fails, start all ranks again (up to N times); they resume from --save")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--eval-samples", o.eval_samples, "held-out questions answered before and after training")->capture_default_str();
   app.add_option("--train-samples", o.train_samples, "size of the generated training set")->capture_default_str();
   app.add_option("--image-size", o.image_size, "generated image side in pixels (default: the config's crop size)");
@@ -63,10 +65,12 @@ int main(int argc, char** argv)
     if (o.tp > 1 && (o.layout == "1" || o.layout == "4"))
       throw mpx::config_error("moondream_train: --tp " + std::to_string(o.tp) + " splits the text stage of layout 2 or 2x2; layout " + o.layout +
                               " has " + (o.layout == "1" ? "no stages (one process)" : "three text stages") + ": use --layout 2 or 2x2, or --tp 1");
+    if (o.layout == "1" && o.max_restarts > 0)
+      throw mpx::config_error("moondream_train: --max-restarts restarts the ranks of a pipeline; layout 1 is one process: use --layout 2, 4 or 2x2");
     if (o.layout == "1") return moondream::train_single(o);
     const int per_replica = o.layout == "4" ? 4 : 1 + o.tp;  // vision's rank, then the text stage's
     const int nproc = o.layout == "2x2" ? 2 * per_replica : per_replica;
-    if (const int status = mpx::relaunch_self(nproc, argc, argv); status >= 0) return status;
+    if (const int status = mpx::relaunch_self(nproc, argc, argv, o.max_restarts); status >= 0) return status;
     if (o.layout == "4") return moondream::train_four_stage(o);
     return o.tp > 1 ? moondream::train_two_stage_tp(o) : moondream::train_two_stage(o);
   } catch (const std::exception& e) {

@@ -35,6 +35,17 @@ inline void store_barrier(mpx::World& w, std::string tag, std::chrono::milliseco
   w.store->wait(keys, timeout);
 }
 
+/// The checkpoint to start from: after a restart (the launcher's TORCHELASTIC_RESTART_COUNT) the newest one
+/// under --save when there is one, else --resume's (`<dir>/checkpoint` when it exists, else `<dir>` itself:
+/// a checkpoint root or one step's directory), else none.
+inline std::string resume_from(const Options& o, const mpx::Env& env)
+{
+  namespace fs = std::filesystem;
+  if (env.restart_count > 0 && !o.save.empty() && fs::exists(o.save + "/checkpoint/latest")) return o.save + "/checkpoint";
+  if (o.resume.empty()) return {};
+  return fs::exists(o.resume + "/checkpoint") ? o.resume + "/checkpoint" : o.resume;
+}
+
 /// Trains pipeline type P (stage 0 the vision encoder, stages 1.. text ranges) on this rank.
 template <class P>
 int train_pipeline(const Options& o)
@@ -123,9 +134,11 @@ int train_pipeline(const Options& o)
     }
     store_barrier(world, std::string("eval/") + when + std::to_string(trainer.steps_done()), std::chrono::hours(2));
   };
-  if (!o.resume.empty()) {
-    trainer.load(o.resume + "/checkpoint");
-    if (lead) std::cout << "resumed from " << o.resume << "/checkpoint at step " << trainer.steps_done() << "\n";
+  if (const std::string from = resume_from(o, env); !from.empty()) {
+    trainer.load(from);
+    if (lead)
+      std::cout << "resumed from " << from << " at step " << trainer.steps_done()
+                << (env.restart_count > 0 ? fmt::format(" (restart {} of {})", env.restart_count, o.max_restarts) : "") << "\n";
   }
   const long start = trainer.steps_done();
   if (start == 0) eval("before training");
@@ -137,7 +150,7 @@ int train_pipeline(const Options& o)
     if (save.empty()) return;
     trainer.save(save + "/checkpoint");
     export_model(save + "/model");
-    if (lead) std::cout << "saved " << save << "/checkpoint and " << save << "/model at step " << trainer.steps_done() << "\n";
+    if (lead) std::cout << fmt::format("saved {}/checkpoint/step-{:08} and {}/model at step {}\n", save, trainer.steps_done(), save, trainer.steps_done());
   };
   for (long step = start; step < total; ++step) {
     auto idx = step_indices(data.train->size(), step, o.microbatches(), o.microbatch_size, world.replicas, world.replica, o.seed);

@@ -97,3 +97,78 @@ TEST_CASE("mpxrun gives its ranks one fresh store secret per run, or passes the 
   auto [code4, nodes] = sh("env -u MPX_STORE_SECRET " + mpxrun + " --nnodes 2 --node-rank 1 --master-port 29124 --nproc-per-node 1 true");
   CHECK(nodes.find("export the same MPX_STORE_SECRET on every node") != std::string::npos);
 }
+
+TEST_CASE("The first rank to fail is reported first: its rank, signal and last lines, in 10 of 10 runs", "[launch][faults]")
+{
+  // rank 1 says something and kills itself; the others notice a moment later and stop with their own
+  // error, which is still printed (they get --notice-ms to stop by themselves)
+  const std::string prog = "sh -c 'if [ $RANK = 1 ]; then echo \"last words of 1\"; sleep 0.3; kill -KILL $$; fi; sleep 0.6; "
+                           "echo \"rank $RANK: peer 1 is gone\"; exit 3'";
+  for (int run = 0; run < 10; ++run) {
+    auto [code, out] = sh(mpxrun + " --nproc-per-node 3 " + prog);
+    INFO("run " << run << ":\n" << out);
+    CHECK(code == 128 + SIGKILL);
+    const auto first = out.find("mpx::launch: ");
+    REQUIRE(first != std::string::npos);
+    CHECK(out.compare(first, 62, "mpx::launch: rank 1 was killed by signal 9 (SIGKILL) at 0.3 s,") == 0);
+    CHECK(out.find("  | last words of 1", first) != std::string::npos);  // quoted in the report
+    const auto noticed = out.find("[rank 0] rank 0: peer 1 is gone");
+    CHECK(noticed != std::string::npos);  // the survivors' own errors are not cut off
+    CHECK(noticed > first);
+    CHECK(out.find("[rank 2] rank 2: peer 1 is gone") != std::string::npos);
+    CHECK(out.find("mpx::launch: the run failed: rank 1 was killed by signal 9 (SIGKILL) first; exit status 137") != std::string::npos);
+  }
+}
+
+TEST_CASE("A stopped rank is named when its peers time out, and is ended", "[launch][faults]")
+{
+  const auto t0 = std::chrono::steady_clock::now();
+  auto [code, out] = sh(mpxrun + " --nproc-per-node 2 --notice-ms 500 --grace-ms 1000 sh -c "
+                                 "'if [ $RANK = 1 ]; then kill -STOP $$; exit 0; fi; sleep 1; echo \"timed out waiting for rank 1\"; exit 4'");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(out);
+  CHECK(code == 4);
+  CHECK(s < 20);
+  CHECK(out.find("mpx::launch: rank 0 exited with status 4") != std::string::npos);
+  CHECK(out.find("; rank 1 was stopped (SIGSTOP or SIGTSTP) at 0.0 s and never continued, so its peers could not go on") != std::string::npos);
+}
+
+TEST_CASE("--max-restarts starts every rank again after a failure, with the attempt in TORCHELASTIC_RESTART_COUNT", "[launch][faults]")
+{
+  // ranks fail in attempts 0 and 1 and succeed in attempt 2
+  auto [code, out] = sh(mpxrun + " --nproc-per-node 2 --max-restarts 2 --notice-ms 200 sh -c "
+                                 "'echo \"attempt $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS\"; "
+                                 "if [ $TORCHELASTIC_RESTART_COUNT -lt 2 ] && [ $RANK = 1 ]; then exit 5; fi; sleep 0.2'");
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(out.find("mpx::launch: restart 1 of 2 (rank 1 exited with status 5): starting all 2 ranks again on a fresh rendezvous") != std::string::npos);
+  CHECK(out.find("mpx::launch: restart 2 of 2 (rank 1 exited with status 5)") != std::string::npos);
+  CHECK(out.find("[rank 0] attempt 2 of 2") != std::string::npos);
+  CHECK(out.find("the run failed") == std::string::npos);
+
+  auto [code2, out2] = sh(mpxrun + " --nproc-per-node 1 --max-restarts 1 sh -c 'exit 4'");
+  INFO(out2);
+  CHECK(code2 == 4);
+  CHECK(out2.find("restart 1 of 1") != std::string::npos);
+  CHECK(out2.find("mpx::launch: the run failed: rank 0 exited with status 4 first (after 1 restarts); exit status 4") != std::string::npos);
+
+  auto [code3, out3] = sh(mpxrun + " --nproc-per-node 1 --nnodes 2 --node-rank 0 --master-port 29125 --max-restarts 1 true");
+  CHECK(code3 == 2);
+  CHECK(out3.find("use torchrun --max-restarts") != std::string::npos);
+}
+
+TEST_CASE("Killing the launcher with SIGKILL leaves no rank alive", "[launch][faults]")
+{
+  const std::string pids = "/tmp/mpx-launch-orphans-" + std::to_string(::getpid());
+  std::remove(pids.c_str());
+  // each rank records its pid and becomes a long sleep; the launcher is then killed outright
+  auto [code, out] = sh("(" + mpxrun + " --nproc-per-node 3 sh -c 'echo $$ >> " + pids + "; exec sleep 60' & pid=$!; "
+                        "for i in $(seq 100); do [ $(wc -l < " + pids + " 2>/dev/null || echo 0) -ge 3 ] && break; sleep 0.05; done; "
+                        "kill -KILL $pid; wait $pid; sleep 0.5; "
+                        "for p in $(cat " + pids + "); do s=$(awk '{print $3}' /proc/$p/stat 2>/dev/null); "
+                        "if [ -n \"$s\" ] && [ \"$s\" != Z ]; then echo \"alive: $p\"; kill -KILL $p; fi; done; wc -l < " + pids + ")");
+  INFO(out);
+  CHECK(out.find("alive:") == std::string::npos);
+  CHECK(out.find("3\n") != std::string::npos);  // all three ranks had started
+  std::remove(pids.c_str());
+}

@@ -1,39 +1,180 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests for mpx/runtime/state_io.hpp on a one-rank world: a saved state loads back whole (parameters,
-// optimizer, step, loss scaler), a crash's leftovers do not hide it, and bad directories name the fix.
+// Tests for mpx/runtime/state_io.hpp on a one-rank world: a saved checkpoint loads back whole (parameters,
+// optimizer, step, scaler, random generator), `latest` and pruning, and every kind of damage is an error
+// that names the file and the earlier checkpoint, which still loads.
 #include "support/rooms.hpp"
 #include "support/scratch_dir.hpp"
 
 #include <fstream>
 
-TEST_CASE("Saved training state loads back: parameters, optimizer, step and scaler", "[rooms][state_io]")
+namespace
 {
-  const std::string dir = test::scratch_dir("mpx-state-io");
-  auto w = test::one_rank_world<rooms::P1>();
-  mpx::StageSet<rooms::P1> a(0, torch::kCPU, rooms::make, {});
-  mpx::StageOptimizers oa(a, {});
-  for (auto& p : a.parameters(0)) p.mutable_grad() = torch::ones_like(p);
-  oa.step(1e-2);
-  std::filesystem::create_directories(dir + "/ckpt.partial");  // a crash's leftovers: replaced
-  mpx::save_training_state(w, dir + "/ckpt", a, oa, {7, 512.0, 2, 3});
-  CHECK(std::filesystem::exists(dir + "/ckpt/stage0.safetensors"));
-  CHECK(std::filesystem::exists(dir + "/ckpt/stage0.optimizer.pt"));
-  CHECK(!std::filesystem::exists(dir + "/ckpt.partial"));
+namespace fs = std::filesystem;
+using Catch::Contains;
 
-  mpx::StageSet<rooms::P1> b(0, torch::kCPU, rooms::make, {});
-  mpx::StageOptimizers ob(b, {});
-  const auto t = mpx::load_training_state(dir + "/ckpt", b, ob, {});
+/// A stage, its optimizer after one step (so it has state), saved at `step` under `root`.
+struct Saved
+{
+  mpx::StageSet<rooms::P1> stages{0, torch::kCPU, rooms::make, {}};
+  mpx::StageOptimizers optimizers{stages, {}};
+  Saved()
+  {
+    for (auto& p : stages.parameters(0)) p.mutable_grad() = torch::ones_like(p);
+    optimizers.step(1e-2);
+  }
+};
+
+void flip_byte(const std::string& f, std::uintmax_t at)
+{
+  std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(std::streamoff(at));
+  char c = 0;
+  io.get(c);
+  io.seekp(std::streamoff(at));
+  io.put(char(c ^ 0x10));
+}
+std::uintmax_t header_bytes(const std::string& f)
+{
+  std::ifstream in(f, std::ios::binary);
+  unsigned char b[8];
+  in.read(reinterpret_cast<char*>(b), 8);
+  std::uintmax_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | b[i];
+  return n;
+}
+}  // namespace
+
+TEST_CASE("A checkpoint loads back: parameters, optimizer, step, scaler, random generator; latest and pruning", "[rooms][state_io]")
+{
+  const std::string root = test::scratch_dir("mpx-state-io") + "/ckpt";
+  auto w = test::one_rank_world<rooms::P1>();
+  Saved a;
+  fs::create_directories(root + "/step-00000007.partial");  // a crash's leftovers: replaced
+  torch::manual_seed(123);
+  const auto rng = torch::rand({4});  // what the generator draws next after the save
+  torch::manual_seed(123);
+  mpx::save_training_state(w, root, a.stages, a.optimizers, {7, 512.0, 2, 3});
+  const auto after = torch::rand({4});
+  CHECK(torch::equal(rng, after));
+  for (auto f : {"stage0.safetensors", "stage0.optimizer.pt", "rank0.rng.safetensors", "trainer.json", "manifest.json"})
+    CHECK(fs::exists(root + "/step-00000007/" + f));
+  CHECK(!fs::exists(root + "/step-00000007.partial"));
+  std::ifstream latest(root + "/latest");
+  std::string name;
+  latest >> name;
+  CHECK(name == "step-00000007");
+
+  Saved b;
+  torch::manual_seed(999);
+  const auto t = mpx::load_training_state(w, root, b.stages, b.optimizers, {});
   CHECK(t.step == 7);
   CHECK(t.loss_scale == 512.0);
   CHECK(t.skipped == 2);
   CHECK(t.good_steps == 3);
-  for (std::size_t i = 0; i < a.parameters(0).size(); ++i) CHECK(torch::equal(a.parameters(0)[i], b.parameters(0)[i]));
+  for (std::size_t i = 0; i < a.stages.parameters(0).size(); ++i) CHECK(torch::equal(a.stages.parameters(0)[i], b.stages.parameters(0)[i]));
+  CHECK(torch::equal(torch::rand({4}), rng));  // the generator continues where the saved run's did
 
-  using Catch::Contains;
-  CHECK_THROWS_WITH(mpx::load_training_state(dir + "/none", b, ob, {}), Contains("no checkpoint at") && Contains("trainer.json missing"));
-  std::ofstream(dir + "/ckpt/trainer.json") << "{ not json";
-  CHECK_THROWS_WITH(mpx::load_training_state(dir + "/ckpt", b, ob, {}), Contains("trainer.json is corrupt"));
-  std::ofstream(dir + "/ckpt/trainer.json") << R"({"step": 7, "fingerprint": "1"})";
-  CHECK_THROWS_WITH(mpx::load_training_state(dir + "/ckpt", b, ob, {}), Contains("saved by a different pipeline"));
-  std::filesystem::remove_all(dir);
+  // keep = 2: a third save prunes the oldest; a step dir itself also loads
+  mpx::save_training_state(w, root, a.stages, a.optimizers, {8, 1, 0, 0});
+  mpx::save_training_state(w, root, a.stages, a.optimizers, {9, 1, 0, 0});
+  CHECK(!fs::exists(root + "/step-00000007"));
+  CHECK(fs::exists(root + "/step-00000008"));
+  CHECK(mpx::load_training_state(w, root, b.stages, b.optimizers, {}).step == 9);
+  // a shorter run into the same root: latest is its step; the longer run's later checkpoints stay
+  mpx::save_training_state(w, root, a.stages, a.optimizers, {2, 1, 0, 0});
+  CHECK(mpx::load_training_state(w, root, b.stages, b.optimizers, {}).step == 2);
+  CHECK(fs::exists(root + "/step-00000009"));
+  CHECK(mpx::load_training_state(w, root + "/step-00000008", b.stages, b.optimizers, {}).step == 8);
+  mpx::save_training_state(w, root, a.stages, a.optimizers, {3, 1, 0, 0});
+  mpx::save_training_state(w, root, a.stages, a.optimizers, {4, 1, 0, 0});
+  CHECK(!fs::exists(root + "/step-00000002"));  // pruned: the two newest up to step 4 are 3 and 4
+  CHECK(fs::exists(root + "/step-00000003"));
+  CHECK_THROWS_WITH(mpx::load_training_state(w, root + "/none", b.stages, b.optimizers, {}), Contains("no checkpoint at"));
+  fs::remove_all(fs::path(root).parent_path());
+}
+
+TEST_CASE("Every kind of damage names the file and the earlier checkpoint, which still loads", "[rooms][state_io]")
+{
+  const std::string base = test::scratch_dir("mpx-state-damage");
+  auto w = test::one_rank_world<rooms::P1>();
+  Saved a;
+  const std::string good = base + "/good";
+  mpx::save_training_state(w, good, a.stages, a.optimizers, {4, 1, 0, 0});
+  mpx::save_training_state(w, good, a.stages, a.optimizers, {5, 1, 0, 0});
+  Saved b;
+  // damage(what, edit, expected words): a fresh copy of the checkpoints, one edit to step 5, then a load
+  auto damage = [&](const std::string& what, auto edit, std::vector<std::string> words, mpx::CheckpointOptions co = {}) {
+    INFO(what);
+    const std::string root = base + "/" + what;
+    fs::remove_all(root);
+    fs::copy(good, root, fs::copy_options::recursive);
+    const std::string step5 = root + "/step-00000005";
+    edit(step5);
+    try {
+      mpx::load_training_state(w, root, b.stages, b.optimizers, {}, co);
+      FAIL("loaded a damaged checkpoint");
+    } catch (const mpx::config_error& e) {
+      const std::string msg = e.what();
+      INFO(msg);
+      for (auto& word : words) CHECK(msg.find(word) != std::string::npos);
+      CHECK(msg.find(root + "/step-00000004") != std::string::npos);  // the fix: the earlier checkpoint
+    }
+    CHECK(mpx::load_training_state(w, root + "/step-00000004", b.stages, b.optimizers, {}).step == 4);  // intact
+  };
+  const std::string shard = "/stage0.safetensors";
+  damage("truncated", [&](auto d) { fs::resize_file(d + shard, fs::file_size(d + shard) - 3); }, {"stage0.safetensors", "truncated"});
+  damage("data_byte", [&](auto d) { flip_byte(d + shard, fs::file_size(d + shard) - 5); }, {"stage0.safetensors", "checksum", "flipped bit"});
+  damage("header_byte", [&](auto d) { flip_byte(d + shard, 20); }, {"stage0.safetensors", "checksum"});
+  damage("missing", [&](auto d) { fs::remove(d + shard); }, {"stage0.safetensors", "is missing"});
+  damage("no_manifest", [&](auto d) { fs::remove(d + "/manifest.json"); }, {"latest names step-00000005, which is not a complete checkpoint"});
+  damage("garbled_manifest", [&](auto d) { std::ofstream(d + "/manifest.json") << "{\"format\": 2, \"st"; }, {"manifest.json is garbled"});
+  damage("garbled_latest", [&](auto d) { std::ofstream(fs::path(d).parent_path() / "latest") << "../../etc"; }, {"latest is garbled"});
+  damage("shard_of_step_4", [&](auto d) { fs::copy_file(fs::path(d).parent_path() / "step-00000004" / "stage0.safetensors", d + shard,
+                                                        fs::copy_options::overwrite_existing); },
+         {"stage0.safetensors", "from another checkpoint (it holds step 4)"});
+  damage("optimizer_of_step_4", [&](auto d) {
+    // another step's optimizer file of the same size: only its checksum tells
+    Saved c;
+    for (auto& p : c.stages.parameters(0)) p.mutable_grad() = torch::full_like(p, 3.0);
+    c.optimizers.step(1e-2);
+    c.optimizers.save(0, d + "/stage0.optimizer.pt");
+  }, {"stage0.optimizer.pt", "checksum"});
+  // with checksums off, the format's own checks still name the damage
+  mpx::CheckpointOptions off;
+  off.checksums = false;
+  damage("huge_header", [&](auto d) {
+    std::fstream io(d + shard, std::ios::in | std::ios::out | std::ios::binary);
+    const unsigned char huge[8] = {0, 0, 0, 0, 0, 0, 0, 0x7f};
+    io.write(reinterpret_cast<const char*>(huge), 8);
+  }, {"stage0.safetensors", "header claims"}, off);
+  damage("header_byte_unchecked", [&](auto d) { flip_byte(d + shard, 9); }, {"stage0.safetensors"}, off);
+  fs::remove_all(base);
+}
+
+TEST_CASE("A model of another shape or dtype is refused with the differences listed", "[rooms][state_io]")
+{
+  const std::string root = test::scratch_dir("mpx-state-model") + "/ckpt";
+  auto w = test::one_rank_world<rooms::P1>();
+  Saved a;
+  mpx::save_training_state(w, root, a.stages, a.optimizers, {3, 1, 0, 0});
+  Saved b;
+  auto state = b.stages.state(0);
+  const std::string first = state.begin()->first;
+  {
+    torch::NoGradGuard ng;
+    state.begin()->second.set_data(state.begin()->second.data().to(torch::kDouble));  // another dtype
+  }
+  CHECK_THROWS_WITH(mpx::load_training_state(w, root, b.stages, b.optimizers, {}),
+                    Contains("stage0.safetensors") && Contains("other dtypes: " + first + " (saved Float, the model Double)") &&
+                        Contains("allow_cast"));
+  mpx::CheckpointOptions cast;
+  cast.allow_cast = true;
+  CHECK(mpx::load_training_state(w, root, b.stages, b.optimizers, {}, cast).step == 3);
+  {
+    torch::NoGradGuard ng;
+    state.begin()->second.set_data(torch::zeros({3, 3}));  // another shape
+  }
+  CHECK_THROWS_WITH(mpx::load_training_state(w, root, b.stages, b.optimizers, {}),
+                    Contains("does not match this model") && Contains("other shapes: " + first + " (saved ["));
+  fs::remove_all(fs::path(root).parent_path());
 }

@@ -8,6 +8,8 @@
 #             and so do 2 replicas of it (6 ranks); its exported model is whole (moondream_query reads it)
 #   resume:   a run resumed from its step-3 checkpoint repeats the uninterrupted run's losses
 #   resumetp: the same with the text stage tensor-parallel (each rank's shards and 8-bit AdamW state)
+#   restart:  10 seeded faults under --max-restarts end with the uninterrupted run's weights, bit for bit
+#   crashsave: a crash after each phase of a save leaves a checkpoint that --resume uses
 #   errors:   bad input stops with a message that names the fix
 #   demo:     the main job, short: trains from scratch on 2 ranks, then moondream_query answers
 # Usage: train_checks.sh CHECK MOONDREAM_TRAIN WORKDIR [MOONDREAM_QUERY]
@@ -108,14 +110,59 @@ case $check in
     "$train" "${small[@]}" --layout 2 --steps 6 --save "$work/part" --save-every 3 --metrics "$work/part.jsonl" &
     pid=$!
     # stop the run once its step-3 checkpoint exists, as a crash would (the launcher ends every rank)
-    for _ in $(seq 600); do [ -f "$work/part/checkpoint/trainer.json" ] && break; sleep 0.1; done
+    for _ in $(seq 600); do [ -f "$work/part/checkpoint/latest" ] && break; sleep 0.1; done
     kill -TERM $pid 2>/dev/null || true
     wait $pid 2>/dev/null || true
-    step=$(python3 -c "import json; print(json.load(open('$work/part/checkpoint/trainer.json'))['step'])")
+    step=$(sed 's/^step-0*//' "$work/part/checkpoint/latest")
     echo "checkpoint at step $step"
     "$train" "${small[@]}" --layout 2 --steps 6 --save "$work/part" --resume "$work/part" --metrics "$work/resumed.jsonl"
     compare "$work/full.jsonl" "$work/resumed.jsonl" "$step"
     weights "$work/full/model" "$work/part/model"
+    ;;
+  restart)
+    # 10 seeded faults (a signal, an exception in a forward, a crash inside a save; a seeded rank and step)
+    # in 2- and 4-stage runs under --max-restarts: each run finishes by itself, resumed from its latest
+    # checkpoint, with the uninterrupted run's losses and its weights bit for bit
+    ulimit -c 0
+    small+=(--optimizer adamw8bit --steps 6 --save-every 2 --timeout 10)
+    for layout in 2 4; do "$train" "${small[@]}" --layout $layout --save "$work/full$layout" --metrics "$work/full$layout.jsonl"; done
+    for seed in $(seq 1 10); do
+      read -r layout fault <<<"$(python3 - "$seed" <<'PY'
+import random, sys
+seed = int(sys.argv[1]); r = random.Random(seed)
+layout = (2, 4)[seed % 2]
+kind = ["sigkill", "sigsegv", "abort", "exception", "sigstop", "save1", "save2", "save3", "save4", "sigkill"][seed - 1]
+if kind.startswith("save"):  # phases after 1 are rank 0's; saves come after steps 2 and 4
+    print(layout, f"{kind}:{r.randrange(layout) if kind == 'save1' else 0}:{r.choice([2, 4])}")
+else:
+    print(layout, f"{kind}:{r.randrange(layout)}:{r.randrange(6)}")
+PY
+)"
+      echo "seed $seed: layout $layout, MPX_FAULT=$fault"
+      if ! MPX_FAULT=$fault "$train" "${small[@]}" --layout "$layout" --max-restarts 2 --save "$work/run$seed" --metrics "$work/run$seed.jsonl" \
+           > "$work/run$seed.log" 2>&1; then cat "$work/run$seed.log"; exit 1; fi
+      grep -q "injecting fault ${fault%%:*}" "$work/run$seed.log" && grep "mpx::launch: restart 1 of 2" "$work/run$seed.log" \
+        || { cat "$work/run$seed.log"; exit 1; }
+      grep "resumed from\|moondream_train: config" "$work/run$seed.log" | tail -n 1
+      compare "$work/full$layout.jsonl" "$work/run$seed.jsonl" > /dev/null
+      weights "$work/full$layout/model" "$work/run$seed/model" 0
+    done
+    ;;
+  crashsave)
+    # a crash after each phase of a save (state_io.hpp) leaves a checkpoint that --resume finds and uses
+    ulimit -c 0
+    small+=(--optimizer adamw8bit --steps 4 --save-every 2)
+    "$train" "${small[@]}" --layout 2 --save "$work/full"
+    for phase in 0 1 2 3 4 5; do
+      rank=0; [ $phase = 1 ] && rank=1
+      if MPX_FAULT=save$phase:$rank:4 "$train" "${small[@]}" --layout 2 --save "$work/crash$phase" > "$work/crash$phase.log" 2>&1; then
+        echo "phase $phase: the run did not crash"; exit 1
+      fi
+      grep -q "injecting fault save$phase at rank $rank, step 4" "$work/crash$phase.log" || { cat "$work/crash$phase.log"; exit 1; }
+      echo "crash after phase $phase of the step-4 save: latest is $(cat "$work/crash$phase/checkpoint/latest")"
+      "$train" "${small[@]}" --layout 2 --save "$work/crash$phase" --resume "$work/crash$phase" | grep "resumed from"
+      weights "$work/full/model" "$work/crash$phase/model" 0
+    done
     ;;
   errors)
     expect() {  # expect TEXT command...: fails, and says TEXT
@@ -133,9 +180,10 @@ case $check in
     "$train" "${small[@]}" --layout 2 --steps 1 --save "$work/ok"
     expect "mis-shaped" "$train" "${small[@]}" --layout 1 --steps 1 --config tiny-reference --weights "$work/ok/model"
     expect "different pipeline" "$train" "${small[@]}" --layout 4 --steps 2 --save "$work/ok" --resume "$work/ok"
-    cp -r "$work/ok" "$work/corrupt" && head -c 100 "$work/ok/checkpoint/stage1.safetensors" > "$work/corrupt/checkpoint/stage1.safetensors"
-    expect "stage1.safetensors" "$train" "${small[@]}" --layout 2 --steps 2 --resume "$work/corrupt"
-    test -f "$work/ok/checkpoint/trainer.json"  # a failed resume leaves the saved checkpoint alone
+    cp -r "$work/ok" "$work/corrupt" && head -c 100 "$work/ok/checkpoint/step-00000001/stage1.safetensors" > "$work/corrupt/checkpoint/step-00000001/stage1.safetensors"
+    expect "stage1.safetensors has 100 bytes" "$train" "${small[@]}" --layout 2 --steps 2 --resume "$work/corrupt"
+    cmp "$work/ok/checkpoint/step-00000001/manifest.json" "$work/corrupt/checkpoint/step-00000001/manifest.json"  # a failed resume writes nothing
+    expect "use --layout 2, 4 or 2x2" "$train" "${small[@]}" --layout 1 --steps 1 --max-restarts 1
     # two ranks started with a different setting (seed, micro-batch size, config): both stop before step 1,
     # naming the setting and both values
     mismatch() {  # <setting> <rank 0's value> <rank 1's value> <the values as the message shows them, rank 0 then 1>
@@ -158,7 +206,7 @@ case $check in
   demo)
     "$train" --steps 40 --eval-samples 40 --save "$work/run" --log-every 10 | tee "$work/log"
     grep -q "held-out accuracy after training" "$work/log"
-    test -s "$work/run/metrics.jsonl" && test -s "$work/run/loss.svg" && test -f "$work/run/checkpoint/trainer.json"
+    test -s "$work/run/metrics.jsonl" && test -s "$work/run/loss.svg" && test -f "$work/run/checkpoint/latest"
     "$query" --weights "$work/run/model" --generated 0 -q "What color is the shape?" -q "How many shapes are there?" | tee "$work/query"
     grep -q "^A:" "$work/query"
     echo "moondream demo: ok"

@@ -17,6 +17,7 @@
 #include <mpx/runtime/backward.hpp>        // mpx::full_backward, input_backward, weight_backward
 #include <mpx/runtime/boundary_links.hpp>  // mpx::BoundaryLinks
 #include <mpx/runtime/errors.hpp>          // mpx::peer_error, mpx::stage_error
+#include <mpx/runtime/faults.hpp>          // mpx::inject_fault
 #include <mpx/runtime/stage_set.hpp>       // mpx::StageSet
 #include <mpx/runtime/trace.hpp>           // mpx::TraceRecorder
 #include <mpx/runtime/world.hpp>           // mpx::World
@@ -169,6 +170,7 @@ class Executor
     std::vector<at::Tensor> bounds;  // under a split backward: the blocks' boundaries, for the W pass
     {
       BlockBoundaries capture(split_ ? &bounds : nullptr);
+      inject_fault(FaultPoint::forward, w_.env.rank, step_);  // MPX_FAULT=exception:<rank>:<step> (tests)
       st.outputs = stages_.forward(s, st.inputs, b);
     }
     st.bounds = detail::usable_boundaries(bounds, st.outputs);

@@ -22,6 +22,14 @@
 namespace mpx
 {
 
+/// How checkpoints are written and read (state_io.hpp).
+struct CheckpointOptions
+{
+  int keep = 2;            ///< complete checkpoints kept (the newest; older ones are pruned after a save)
+  bool checksums = true;   ///< xxHash (XXH3-64) of every file in the manifest, verified on load; off: sizes only
+  bool allow_cast = false; ///< load a tensor saved in another dtype, converted (else an error names both dtypes)
+};
+
 /// Training hyper-parameters of a run.
 struct TrainOptions
 {
@@ -36,6 +44,7 @@ struct TrainOptions
   std::size_t bucket_bytes = std::size_t(25) << 20;  ///< data-parallel all-reduce bucket size
   bool trace = false;                              ///< record every action for `write_trace`
   LossScaling scaler{};                            ///< dynamic loss scaling (off by default; for fp16)
+  CheckpointOptions checkpoints{};                 ///< what Trainer::save keeps and Trainer::load verifies
   /// Called on every rank after the gradients are complete (reduced over replicas, still scaled by the
   /// loss scale) and before the inf/NaN check: inspect or edit them. `params` are stage `stage`'s.
   std::function<void(int stage, long step, const std::vector<at::Tensor>& params)> before_optimizer;

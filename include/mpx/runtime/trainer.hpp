@@ -21,6 +21,7 @@
 #include <mpx/pipeline.hpp>                  // mpx::PipelineType, mpx::proof
 #include <mpx/runtime/errors.hpp>            // mpx::config_error
 #include <mpx/runtime/executor.hpp>          // mpx::Executor
+#include <mpx/runtime/faults.hpp>            // mpx::inject_fault
 #include <mpx/runtime/grad_stats.hpp>        // mpx::reduce_step, mpx::clip, mpx::unscale
 #include <mpx/runtime/gradient_buckets.hpp>  // mpx::GradientBuckets
 #include <mpx/runtime/microbatches.hpp>      // mpx::split_microbatches, mpx::to_device
@@ -70,6 +71,7 @@ class Trainer
   StepStats step(const std::vector<Batch>& host_microbatches)
   {
     check_count(host_microbatches);
+    inject_fault(FaultPoint::step, w_.env.rank, step_);  // MPX_FAULT (tests of failure handling)
     std::vector<Batch> moved;
     const auto& mbs = w_.device.is_cpu() ? host_microbatches : (moved = to_device(host_microbatches, w_.device));
     StepStats st;
@@ -108,15 +110,17 @@ class Trainer
   template <int I>
   typename StageSet<P>::template module_t<I>& module() { return stages_.template module<I>(); }
 
-  /// Saves the whole training state into directory `dir` (state_io.hpp). A collective: every rank calls it.
-  void save(const std::string& dir)
+  /// Saves the whole training state as a new checkpoint `root/step-<steps done>` and points `root/latest`
+  /// at it, keeping the newest `TrainOptions::checkpoints.keep` (state_io.hpp). A collective: every rank calls it.
+  void save(const std::string& root)
   {
-    save_training_state(w_, dir, stages_, optimizers_, {step_, scaler_.scale(), scaler_.skipped(), scaler_.good_steps()});
+    save_training_state(w_, root, stages_, optimizers_, {step_, scaler_.scale(), scaler_.skipped(), scaler_.good_steps()}, o_.checkpoints);
   }
-  /// Restores what `save` wrote: parameters, buffers, optimizer states, step count and loss scaler.
-  void load(const std::string& dir)
+  /// Restores what `save` wrote (the checkpoint `path/latest` names, or `path` itself when it is one):
+  /// parameters, buffers, optimizer states, step count, loss scaler and random generator, each file verified.
+  void load(const std::string& path)
   {
-    const auto t = load_training_state(dir, stages_, optimizers_, {step_, scaler_.scale(), 0, 0});
+    const auto t = load_training_state(w_, path, stages_, optimizers_, {step_, scaler_.scale(), 0, 0}, o_.checkpoints);
     step_ = t.step;
     scaler_.restore(t.loss_scale, t.skipped, t.good_steps);
   }
