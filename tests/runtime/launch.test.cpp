@@ -133,7 +133,7 @@ TEST_CASE("A stopped rank is named when its peers time out, and is ended", "[lau
   CHECK(out.find("; rank 1 was stopped (SIGSTOP or SIGTSTP) at 0.0 s and never continued, so its peers could not go on") != std::string::npos);
 }
 
-TEST_CASE("--max-restarts starts every rank again after a failure, with the attempt in TORCHELASTIC_RESTART_COUNT", "[launch][faults]")
+TEST_CASE("Restarts (--max-restarts) start every rank again after a failure, with the attempt in TORCHELASTIC_RESTART_COUNT", "[launch][faults]")
 {
   // ranks fail in attempts 0 and 1 and succeed in attempt 2
   auto [code, out] = sh(mpxrun + " --nproc-per-node 2 --max-restarts 2 --notice-ms 200 sh -c "

@@ -44,7 +44,7 @@ std::uintmax_t header_bytes(const std::string& f)
 }
 }  // namespace
 
-TEST_CASE("A checkpoint loads back: parameters, optimizer, step, scaler, random generator; latest and pruning", "[rooms][state_io]")
+TEST_CASE("A checkpoint loads back (parameters, optimizer, step, scaler, random generator), latest names it, old ones are pruned", "[rooms][state_io]")
 {
   const std::string root = test::scratch_dir("mpx-state-io") + "/ckpt";
   auto w = test::one_rank_world<rooms::P1>();
