@@ -49,6 +49,7 @@ struct Options
   std::string save, resume;
   long save_every = 0;
   int max_restarts = 0;  ///< the launcher restarts the ranks after a failure; they resume from --save
+  std::string checkpoint_checksums = "on";  ///< XXH3-64 of every checkpoint file, verified on load
   long eval_samples = 200, train_samples = 20000;
   int image_size = 0;             ///< generated images: 0 = the config's crop size
   std::uint64_t seed = 1;

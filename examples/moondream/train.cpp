@@ -46,6 +46,8 @@ int main(int argc, char** argv)
   app.add_option("--save", o.save, "directory for checkpoint/, model/, metrics.jsonl, loss.svg");
   app.add_option("--save-every", o.save_every, "also checkpoint every N steps");
   app.add_option("--resume", o.resume, "continue from <dir>/checkpoint's latest checkpoint, or from a checkpoint directory (same layout and config)");
+  app.add_option("--checkpoint-checksums", o.checkpoint_checksums, "on | off: XXH3-64 of every checkpoint file, verified on load")
+      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_option("--max-restarts", o.max_restarts, "after a rank fails, start all ranks again (up to N times); they resume from --save")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--eval-samples", o.eval_samples, "held-out questions answered before and after training")->capture_default_str();

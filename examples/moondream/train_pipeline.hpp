@@ -97,6 +97,7 @@ int train_pipeline(const Options& o)
   to.lr_scale = {o.vision_lr_scale};  // stage 0 is the vision tower in every layout
   to.checkpoint_all = o.checkpoint;
   to.checkpoint_blocks = o.checkpoint_blocks;
+  to.checkpoints.checksums = o.checkpoint_checksums == "on";
   if (o.checkpoint && o.checkpoint_blocks)
     throw mpx::config_error("moondream_train: --checkpoint (whole stages) and --checkpoint-blocks exclude each other; keep one");
   if (o.precision == "bf16") to.autocast = at::kBFloat16;
@@ -135,10 +136,12 @@ int train_pipeline(const Options& o)
     store_barrier(world, std::string("eval/") + when + std::to_string(trainer.steps_done()), std::chrono::hours(2));
   };
   if (const std::string from = resume_from(o, env); !from.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
     trainer.load(from);
     if (lead)
       std::cout << "resumed from " << from << " at step " << trainer.steps_done()
-                << (env.restart_count > 0 ? fmt::format(" (restart {} of {})", env.restart_count, o.max_restarts) : "") << "\n";
+                << (env.restart_count > 0 ? fmt::format(" (restart {} of {})", env.restart_count, o.max_restarts) : "")
+                << fmt::format(" in {:.3f} s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) << "\n";
   }
   const long start = trainer.steps_done();
   if (start == 0) eval("before training");
@@ -148,7 +151,11 @@ int train_pipeline(const Options& o)
   if (lead) prog.open(metrics, start > 0);
   auto checkpoint = [&] {
     if (save.empty()) return;
+    const auto t0 = std::chrono::steady_clock::now();
     trainer.save(save + "/checkpoint");
+    if (lead)
+      std::cout << fmt::format("checkpoint {}/checkpoint/step-{:08} written in {:.3f} s\n", save, trainer.steps_done(),
+                               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     export_model(save + "/model");
     if (lead) std::cout << fmt::format("saved {}/checkpoint/step-{:08} and {}/model at step {}\n", save, trainer.steps_done(), save, trainer.steps_done());
   };

@@ -211,6 +211,15 @@ TEST_CASE("Tensor parallelism: a run saved at step 2 and resumed from the files 
   CHECK(out.find("resumed at step 2") != std::string::npos);
 }
 
+TEST_CASE("4 stages saved at step 2 and resumed by new trainers go on like one process (stages whose parameters share module names)", "[runtime][parity]")
+{
+  // the stages' modules name their parameters within the stage ("blocks.0.fc1.weight" on every stage): each
+  // must read its own file, never another stage's tensor of the same name and shape
+  std::string out;
+  check_parity("p4-1f1b", 1e-5, 1e-5, {{"MPX_TEST_RESUME_AT", "2"}}, -1, &out);
+  CHECK(out.find("resumed at step 2") != std::string::npos);
+}
+
 TEST_CASE("A killed tensor-parallel peer ends the survivors with an error naming rank, step and action", "[runtime][errors][tp]")
 {
   // TP 2 x PP 2; rank 1 (the tensor-parallel peer of rank 0) dies at the start of step 2. Timeout 10 s.

@@ -9,6 +9,8 @@
 /// bitsandbytes' AdamW8bit does). Weight decay is decoupled. State costs about 2.03 bytes per parameter
 /// (fp32 AdamW: 8). `save`/`load` round-trip the state, hyper-parameters included.
 
+#include <mpx/runtime/errors.hpp>  // mpx::config_error
+
 #include <torch/torch.h>  // torch::optim::Optimizer, torch::optim::AdamWOptions
 
 #include <ATen/Parallel.h>  // at::parallel_for
@@ -17,6 +19,7 @@
 #include <cmath>          // std::pow, std::sqrt
 #include <cstdio>         // std::snprintf
 #include <cstring>        // std::memcpy
+#include <map>            // std::map
 #include <string>         // std::string
 #include <unordered_map>  // std::unordered_map
 #include <vector>         // std::vector
@@ -267,6 +270,40 @@ class AdamW8bitOptimizer : public torch::optim::Optimizer
         n += std::size_t(s.m8.codes.numel() + s.v8.codes.numel()) + std::size_t(s.m8.absmax.numel() + s.v8.absmax.numel()) * 4;
     }
     return n;
+  }
+
+  /// Parameter `p`'s state as named tensors (`step`, and `m`, `v` or the 8-bit `m8`, `m8max`, `v8`,
+  /// `v8max`); empty before its first step.
+  std::map<std::string, at::Tensor> param_state(const at::Tensor& p) const
+  {
+    auto it = state_.find(p.unsafeGetTensorImpl());
+    if (it == state_.end()) return {};
+    const State& s = it->second;
+    if (s.m.defined()) return {{"step", torch::tensor(s.step, torch::kLong)}, {"m", s.m}, {"v", s.v}};
+    return {{"step", torch::tensor(s.step, torch::kLong)}, {"m8", s.m8.codes}, {"m8max", s.m8.absmax}, {"v8", s.v8.codes}, {"v8max", s.v8.absmax}};
+  }
+  /// Sets parameter `p`'s state from what `param_state` gave (onto the parameter's device); a `config_error`
+  /// when a field is missing or mis-sized.
+  void set_param_state(const at::Tensor& p, const std::map<std::string, at::Tensor>& f)
+  {
+    auto get = [&](const char* k, std::int64_t numel) {
+      auto it = f.find(k);
+      if (it == f.end() || it->second.numel() != numel)
+        throw config_error(std::string("mpx: AdamW8bit state '") + k + "' is missing or of another size for a parameter of " +
+                           std::to_string(p.numel()) + " elements; the optimizer state does not match the model");
+      return it->second.to(p.device()).clone();
+    };
+    State s;
+    s.step = get("step", 1).item<std::int64_t>();
+    if (p.numel() < min_8bit_) {
+      s.m = get("m", p.numel()).view(p.sizes()), s.v = get("v", p.numel()).view(p.sizes());
+    } else {
+      const std::int64_t blocks = (p.numel() + quant_block - 1) / quant_block;
+      s.m8.codes = get("m8", blocks * quant_block), s.m8.absmax = get("m8max", blocks);
+      s.v8.codes = get("v8", blocks * quant_block), s.v8.absmax = get("v8max", blocks);
+      s.m8.numel = s.v8.numel = p.numel();
+    }
+    state_[p.unsafeGetTensorImpl()] = s;
   }
 
   /// "p<i>": parameter i's entries in the archive (built without `"p" + std::string`, which GCC 12 at -O2

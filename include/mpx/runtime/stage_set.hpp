@@ -23,6 +23,7 @@
 #include <torch/torch.h>  // torch::nn::Module, torch::Device
 
 #include <algorithm> // std::any_of, std::find_if
+#include <concepts>  // std::convertible_to
 #include <map>       // std::map
 #include <optional>  // std::optional
 #include <string>    // std::string
@@ -32,6 +33,16 @@
 
 namespace mpx
 {
+
+namespace detail
+{
+/// A module that names its parameters globally: `named_weights()` gives them under names that do not
+/// depend on the stage split (moondream: `text.blocks.7.attn.qkv.weight` on whichever stage holds block 7).
+template <class M>
+concept declares_global_names = requires(M& m) {
+  { m.named_weights() } -> std::convertible_to<std::map<std::string, at::Tensor>>;
+};
+}  // namespace detail
 
 template <PipelineType P>
 class StageSet
@@ -130,18 +141,31 @@ class StageSet
     return out;
   }
 
-  /// Stage s's parameters and buffers by their module names, aliasing the module's tensors.
+  /// Stage s's parameters and buffers by name, aliasing the module's tensors: its parameters under the
+  /// global names of the module's `named_weights()` when it declares one (names that do not depend on how
+  /// the model is split into stages, so checkpoints move between layouts), else their module names; buffers
+  /// under `buffer.` + their module names.
   std::map<std::string, at::Tensor> state(int s)
   {
     std::map<std::string, at::Tensor> out;
     visit(s, [&](auto i) {
+      auto& c = concrete(*std::get<decltype(i)::value>(modules_));
       auto& m = impl(*std::get<decltype(i)::value>(modules_));
-      for (auto& p : m.named_parameters()) out[p.key()] = p.value();
+      if constexpr (detail::declares_global_names<decltype(c)>) out = c.named_weights();
+      else
+        for (auto& p : m.named_parameters()) out[p.key()] = p.value();
       for (auto& b : m.named_buffers()) out[buffer_prefix + b.key()] = b.value();
     });
     return out;
   }
   static constexpr const char* buffer_prefix = "buffer.";
+  /// Whether stage s's module names its parameters globally (`named_weights()`, see `state`).
+  static bool global_names(int s)
+  {
+    bool out = false;
+    visit(s, [&](auto i) { out = detail::declares_global_names<decltype(concrete(std::declval<module_t<decltype(i)::value>&>()))>; });
+    return out;
+  }
 
   /// The dtype stage s's output travels in (its WireCompression policy; kFloat: as it is).
   static at::ScalarType wire_dtype(int s)
@@ -198,6 +222,13 @@ class StageSet
 
   template <class Mod>
   static torch::nn::Module& impl(Mod& m)
+  {
+    if constexpr (requires { m.ptr(); }) return *m.ptr();
+    else return m;
+  }
+  /// The module itself, of its own type (a TORCH_MODULE holder's Impl).
+  template <class Mod>
+  static auto& concrete(Mod& m)
   {
     if constexpr (requires { m.ptr(); }) return *m.ptr();
     else return m;

@@ -1,36 +1,43 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// @file runtime/state_io.hpp
-/// Saved training state, in a format that cannot be silently wrong. `save_training_state(w, root, ...)` (a
-/// collective) writes one step-numbered directory under `root`:
+/// Saved training state, in a format that cannot be silently wrong and that moves between layouts.
+/// `save_training_state(w, root, ...)` (a collective) writes one step-numbered directory under `root`:
 ///
 /// ```
-/// root/step-00000006/stage<I>[.tp<k>of<N>].safetensors   parameters and buffers (replica 0 writes them)
-///                    stage<I>[...].optimizer.pt            its optimizer state
-///                    rank<r>.rng.safetensors               rank r's random generator
-///                    trainer.json                          step, loss scaler, fingerprint, degrees
-///                    manifest.json                         every file's bytes and XXH3-64, written last
-/// root/latest                                              "step-00000006": the newest complete checkpoint
+/// root/step-00000006/stage<I>[.tp<k>of<N>].safetensors            parameters and buffers (replica 0 writes them)
+///                    stage<I>[...].optimizer.safetensors            its optimizer state, `<parameter>/<field>`
+///                    rank<r>.rng.safetensors                        rank r's random generator
+///                    trainer.json                                   step, loss scaler
+///                    manifest.json                                  every file's bytes, XXH3-64 and tensor names, written last
+/// root/latest                                                       "step-00000006": the newest complete checkpoint
 /// ```
 ///
-/// The phases (a crash between any two system calls leaves a complete checkpoint that `latest` names):
-/// 0 `step-N.partial/` made; 1 this rank's files written and fsynced; 2 the manifest written (fsynced, then
-/// renamed into place); 3 `step-N.partial` renamed to `step-N`, the root fsynced; 4 `latest` replaced the
-/// same way; 5 all but the newest `keep` checkpoints pruned. (`save<k>` faults, faults.hpp, crash after phase k.)
+/// Parameters are saved under their global names when the stage's module declares `named_weights()`
+/// (stage_set.hpp), and the optimizer state under the same names (optimizer_state.hpp; an optimizer kind
+/// mpx does not know keeps LibTorch's archive, `.optimizer.pt`), so a checkpoint loads into another
+/// pipeline split, schedule or replica count: each rank finds its tensors by name through the manifest.
 ///
-/// `load_training_state(w, path, ...)` reads `path` when it is one checkpoint (it holds a manifest), else the
-/// one `path/latest` names. Before anything is used: the manifest parses and has this pipeline's
-/// fingerprint; each file this rank reads exists with the manifest's size and checksum; each stage file
-/// was saved at the manifest's step; its tensors are exactly the model's (an error lists the missing,
-/// unexpected and mis-shaped ones); dtypes match unless `allow_cast`. Every failure is a `config_error`
-/// naming the file and the fix, with the other complete checkpoints to resume from; a failed load writes
-/// nothing.
+/// The phases of a save (a crash between any two system calls leaves a complete checkpoint that `latest`
+/// names): 0 `step-N.partial/` made; 1 this rank's files written and fsynced; 2 the manifest written
+/// (fsynced, then renamed into place); 3 `step-N.partial` renamed to `step-N`, the root fsynced; 4 `latest`
+/// replaced the same way; 5 all but the newest `keep` checkpoints pruned. (`save<k>` faults, faults.hpp,
+/// crash after phase k.)
+///
+/// `load_training_state(w, path, ...)` (a collective) reads `path` when it is one checkpoint (it holds a
+/// manifest), else the one `path/latest` names. Before anything is used: the manifest parses; a checkpoint
+/// of another pipeline is accepted only when this rank's stages name their parameters globally; each file
+/// this rank reads exists with the manifest's size and checksum and was saved at the manifest's step; its
+/// tensors are exactly the model's, over all ranks (an error lists the missing, unused and mis-shaped
+/// ones); dtypes match unless `allow_cast`. Every rank stops with the same `config_error`, naming the file
+/// and the fix with the other complete checkpoints to resume from; a failed load writes no file.
 
 #include <mpx/fingerprint.hpp>              // mpx::fingerprint_v
 #include <mpx/io/safetensors.hpp>           // mpx::save_safetensors, mpx::load_safetensors
 #include <mpx/pipeline.hpp>                 // mpx::PipelineType
 #include <mpx/runtime/errors.hpp>           // mpx::config_error
 #include <mpx/runtime/faults.hpp>           // mpx::inject_fault
+#include <mpx/runtime/optimizer_state.hpp>  // mpx::named_optimizer_state, mpx::restore_optimizer_state
 #include <mpx/runtime/options.hpp>          // mpx::CheckpointOptions
 #include <mpx/runtime/stage_optimizers.hpp> // mpx::StageOptimizers
 #include <mpx/runtime/stage_set.hpp>        // mpx::StageSet
@@ -48,7 +55,10 @@
 #include <cstdio>      // std::snprintf
 #include <filesystem>  // std::filesystem
 #include <fstream>     // std::ifstream, std::ofstream
+#include <cctype>      // std::isdigit
 #include <map>         // std::map
+#include <optional>    // std::optional
+#include <set>         // std::set
 #include <mutex>       // std::lock_guard
 #include <string>      // std::string
 #include <vector>      // std::vector
@@ -68,7 +78,7 @@ struct TrainingState
 namespace detail
 {
 namespace fs = std::filesystem;
-inline constexpr int checkpoint_format = 2;
+inline constexpr int checkpoint_format = 3;
 
 inline std::string step_dir_name(long step)
 {
@@ -106,12 +116,18 @@ inline void write_durably(const std::string& path, const std::string& text)
   sync_path(fs::path(path).parent_path().string());
 }
 
-/// A file's size and XXH3-64 (as 16 hex digits; empty when checksums are off).
+/// A file's size, XXH3-64 (as 16 hex digits; empty when checksums are off) and the tensors it holds.
 struct FileSum
 {
   std::uintmax_t bytes = 0;
   std::string xxh3;
+  std::vector<std::string> tensors;
 };
+inline nlohmann::json to_json(const FileSum& f) { return {{"bytes", f.bytes}, {"xxh3", f.xxh3}, {"tensors", f.tensors}}; }
+inline FileSum from_json(const nlohmann::json& e)
+{
+  return {e.at("bytes").get<std::uintmax_t>(), e.at("xxh3").get<std::string>(), e.value("tensors", std::vector<std::string>{})};
+}
 inline FileSum sum_file(const std::string& path, bool checksum)
 {
   FileSum out;
@@ -163,27 +179,43 @@ inline std::string other_checkpoints(const std::string& root, const std::string&
 inline std::string stage_file(int s, const std::string& shard, const std::string& suffix) { return "stage" + std::to_string(s) + shard + suffix; }
 inline std::string rng_file(int rank) { return "rank" + std::to_string(rank) + ".rng.safetensors"; }
 
-/// This rank's files of a save, written into `dir`: replica 0's stages (tensors, optimizer) and every
-/// rank's random generator. Returns them with their sums.
+/// The trainable ones of a stage's named tensors (what its optimizer steps).
+inline std::map<std::string, at::Tensor> trainable_of(const std::map<std::string, at::Tensor>& tensors)
+{
+  std::map<std::string, at::Tensor> out;
+  for (auto& [k, t] : tensors)
+    if (t.requires_grad()) out[k] = t;
+  return out;
+}
+
+/// This rank's files of a save, written into `dir`: replica 0's stages (tensors, optimizer state) and every
+/// rank's random generator. Returns them with their sums and tensor names.
 template <PipelineType P>
 std::map<std::string, FileSum> write_rank_files(World& w, const std::string& dir, StageSet<P>& stages, StageOptimizers& optimizers,
                                                 long step, bool checksums)
 {
   std::map<std::string, FileSum> out;
   const std::map<std::string, std::string> meta{{"format", "pt"}, {"step", std::to_string(step)}};
-  auto done = [&](const std::string& name) {
+  auto write = [&](const std::string& name, const std::map<std::string, at::Tensor>& tensors) {
+    save_safetensors(dir + "/" + name, tensors, meta);
     sync_path(dir + "/" + name);
     out[name] = sum_file(dir + "/" + name, checksums);
+    for (auto& [k, t] : tensors) out[name].tensors.push_back(k);
   };
   if (w.replica == 0)
     for (int s = 0; s < P::num_stages; ++s) {
       if (!stages.holds(s)) continue;
       const std::string shard = stages.shard_suffix();  // a tensor-parallel rank's shard: ".tp<k>of<N>"
-      save_safetensors(dir + "/" + stage_file(s, shard, ".safetensors"), stages.state(s), meta);
-      done(stage_file(s, shard, ".safetensors"));
-      if (optimizers.has(s)) {
-        optimizers.save(s, dir + "/" + stage_file(s, shard, ".optimizer.pt"));
-        done(stage_file(s, shard, ".optimizer.pt"));
+      const auto tensors = stages.state(s);
+      write(stage_file(s, shard, ".safetensors"), tensors);
+      if (!optimizers.has(s)) continue;
+      if (auto named = named_optimizer_state(optimizers.at(s), trainable_of(tensors))) {
+        write(stage_file(s, shard, ".optimizer.safetensors"), *named);
+      } else {  // an optimizer mpx does not know: LibTorch's archive (resumes only in the same layout)
+        const std::string pt = stage_file(s, shard, ".optimizer.pt");
+        optimizers.save(s, dir + "/" + pt);
+        sync_path(dir + "/" + pt);
+        out[pt] = sum_file(dir + "/" + pt, checksums);
       }
     }
   at::Generator g = at::detail::getDefaultCPUGenerator();
@@ -192,8 +224,7 @@ std::map<std::string, FileSum> write_rank_files(World& w, const std::string& dir
     std::lock_guard<std::mutex> lock(g.mutex());
     rng = g.get_state();
   }
-  save_safetensors(dir + "/" + rng_file(w.env.rank), {{"cpu", rng}}, meta);
-  done(rng_file(w.env.rank));
+  write(rng_file(w.env.rank), {{"cpu", rng}});
   return out;
 }
 
@@ -204,8 +235,7 @@ inline std::map<std::string, FileSum> gather_sums(World& w, const std::string& k
   for (int r = 0; r < w.env.world_size; ++r) {
     const auto v = w.store->get(key + std::to_string(r));
     const auto files = nlohmann::json::parse(std::string(v.begin(), v.end()));  // kept: items() views it
-    for (auto& [name, e] : files.items())
-      all[name] = FileSum{e.at("bytes").get<std::uintmax_t>(), e.at("xxh3").get<std::string>()};
+    for (auto& [name, e] : files.items()) all[name] = from_json(e);
   }
   return all;
 }
@@ -245,7 +275,7 @@ void save_training_state(World& w, const std::string& root, StageSet<P>& stages,
   barrier(w, "save: directory");
   const auto mine = detail::write_rank_files(w, tmp, stages, optimizers, t.step, co.checksums);
   nlohmann::json published = nlohmann::json::object();
-  for (auto& [file, sum] : mine) published[file] = {{"bytes", sum.bytes}, {"xxh3", sum.xxh3}};
+  for (auto& [file, sum] : mine) published[file] = detail::to_json(sum);
   const std::string text = published.dump();
   w.store->set(key + std::to_string(w.env.rank), std::vector<uint8_t>(text.begin(), text.end()));
   inject_fault(FaultPoint::save, w.env.rank, t.step, 1);
@@ -258,7 +288,7 @@ void save_training_state(World& w, const std::string& root, StageSet<P>& stages,
     nlohmann::json m = {{"format", detail::checkpoint_format}, {"step", t.step}, {"fingerprint", std::to_string(fingerprint_v<P>)},
                         {"stages", P::num_stages},         {"world_size", w.env.world_size}, {"replicas", w.replicas},
                         {"checksum", co.checksums ? "xxh3-64" : "none"}, {"files", nlohmann::json::object()}};
-    for (auto& [file, sum] : files) m["files"][file] = {{"bytes", sum.bytes}, {"xxh3", sum.xxh3}};
+    for (auto& [file, sum] : files) m["files"][file] = detail::to_json(sum);
     detail::write_durably(tmp + "/manifest.json", m.dump(1) + "\n");  // last: the directory is complete
     inject_fault(FaultPoint::save, w.env.rank, t.step, 2);
     const std::string old = final_dir + ".old";  // saving a step again: the earlier copy goes only once this one is in place
@@ -305,15 +335,15 @@ inline std::string locate_checkpoint(const std::string& path)
 
 struct Manifest
 {
-  std::string dir, root;
+  std::string dir, root, fingerprint;
   long step = 0;
   int world_size = 0;
   bool checksums = true;
   std::map<std::string, FileSum> files;
 };
 
-/// Reads and checks `dir`'s manifest against this pipeline's `fingerprint`.
-inline Manifest read_manifest(const std::string& dir, const std::string& fingerprint)
+/// Reads and checks `dir`'s manifest (the pipeline's fingerprint is compared by the caller).
+inline Manifest read_manifest(const std::string& dir)
 {
   Manifest m;
   m.dir = dir;
@@ -324,14 +354,13 @@ inline Manifest read_manifest(const std::string& dir, const std::string& fingerp
   try {
     std::ifstream in(f);
     j = nlohmann::json::parse(in);
-    if (j.at("format").get<int>() != checkpoint_format) throw bad("is of format " + j.at("format").dump() + ", this mpx reads format 2");
-    if (j.at("fingerprint").get<std::string>() != fingerprint)
-      throw config_error("mpx: the checkpoint " + dir + " was saved by a different pipeline (fingerprint " + j.at("fingerprint").get<std::string>() +
-                         ", this one " + fingerprint + "); resume with the same Pipeline<...> type and layout");
+    if (j.at("format").get<int>() != checkpoint_format)
+      throw bad("is of format " + j.at("format").dump() + ", this mpx reads format " + std::to_string(checkpoint_format));
+    m.fingerprint = j.at("fingerprint").get<std::string>();
     m.step = j.at("step").get<long>();
     m.world_size = j.at("world_size").get<int>();
     m.checksums = j.at("checksum").get<std::string>() != "none";
-    for (auto& [name, e] : j.at("files").items()) m.files[name] = FileSum{e.at("bytes").get<std::uintmax_t>(), e.at("xxh3").get<std::string>()};
+    for (auto& [name, e] : j.at("files").items()) m.files[name] = from_json(e);
   } catch (const config_error&) {
     throw;
   } catch (const std::exception& e) {
@@ -365,79 +394,256 @@ inline std::string verified(const Manifest& m, const std::string& name, const Ch
   return f;
 }
 
-/// Copies a stage file's tensors into the stage's, after checking they are exactly the model's.
-inline void load_stage_tensors(const Manifest& m, const std::string& f, std::map<std::string, at::Tensor> into, const CheckpointOptions& co)
+/// The tensor-parallel shard a stage file holds: "" for a whole stage, ".tp0of2" (the part between the
+/// stage number and ".safetensors" / ".optimizer.safetensors"); nullopt for a file that is no stage file.
+inline std::optional<std::string> stage_file_shard(const std::string& name, const std::string& tail)
 {
-  Safetensors saved;
-  try {
-    saved = load_safetensors(f);
-  } catch (const config_error& e) {  // damage the checksums did not catch (they are off): the reader's words
-    throw config_error(e.what() + other_checkpoints(m.root, m.dir));
-  }
-  auto bad = [&](const std::string& why) { return config_error("mpx: " + f + ": " + why + other_checkpoints(m.root, m.dir)); };
-  if (saved.metadata["step"] != std::to_string(m.step))
-    throw bad("saved at step " + saved.metadata["step"] + ", the manifest is of step " + std::to_string(m.step) + " (a file of another checkpoint)");
-  std::string missing, unexpected, shapes, dtypes;
-  for (auto& [k, t] : into) {
-    auto it = saved.tensors.find(k);
-    if (it == saved.tensors.end()) missing += " " + k;
-    else if (it->second.sizes() != t.sizes())
-      shapes += " " + k + " (saved " + c10::str(it->second.sizes()) + ", the model " + c10::str(t.sizes()) + ")";
-    else if (it->second.scalar_type() != t.scalar_type() && !co.allow_cast)
-      dtypes += " " + k + " (saved " + c10::toString(it->second.scalar_type()) + ", the model " + c10::toString(t.scalar_type()) + ")";
-  }
-  for (auto& [k, t] : saved.tensors)
-    if (!into.count(k)) unexpected += " " + k;
-  if (!missing.empty() || !unexpected.empty() || !shapes.empty())
-    throw bad("the checkpoint does not match this model:" + (missing.empty() ? "" : " not in the file:" + missing) +
-              (unexpected.empty() ? "" : "; not in the model:" + unexpected) + (shapes.empty() ? "" : "; other shapes:" + shapes) +
-              "; resume with the model and config that saved it");
-  if (!dtypes.empty()) throw bad("other dtypes:" + dtypes + "; load with CheckpointOptions::allow_cast to convert them");
-  torch::NoGradGuard ng;
-  for (auto& [k, t] : into) t.copy_(saved.tensors.at(k));
+  if (name.rfind("stage", 0) != 0 || !name.ends_with(tail) || name.size() <= 5 + tail.size()) return std::nullopt;
+  std::size_t i = 5;
+  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+  const std::string shard = name.substr(i, name.size() - tail.size() - i);
+  if (i == 5 || (!shard.empty() && shard.rfind(".tp", 0) != 0) || shard.find(".optimizer") != std::string::npos) return std::nullopt;
+  return shard;
 }
-}  // namespace detail
 
-/// Restores the checkpoint `path` names (see the file comment) into this rank's stages, optimizers and
-/// random generator, and returns the trainer's state (`current` supplies what the file does not record).
-template <PipelineType P>
-TrainingState load_training_state(const World& w, const std::string& path, StageSet<P>& stages, StageOptimizers& optimizers,
-                                  TrainingState current, const CheckpointOptions& co = {})
+/// The checkpoint's stage files read by tensor name, for one rank: which file holds a tensor of this
+/// rank's shard (`shard`), and the files read so far (verified once, kept mapped).
+class CheckpointReader
 {
-  const auto m = detail::read_manifest(detail::locate_checkpoint(path), std::to_string(fingerprint_v<P>));
-  const std::string shard = stages.shard_suffix();
-  for (int s = 0; s < P::num_stages; ++s) {  // every file is verified before any is used
-    if (!stages.holds(s)) continue;
-    detail::verified(m, detail::stage_file(s, shard, ".safetensors"), co);
-    if (optimizers.has(s)) detail::verified(m, detail::stage_file(s, shard, ".optimizer.pt"), co);
+ public:
+  CheckpointReader(const Manifest& m, std::string shard, const CheckpointOptions& co, const std::string& tail)
+      : m_(m), shard_(std::move(shard)), co_(co)
+  {
+    for (auto& [file, sum] : m.files) {
+      const auto sh = stage_file_shard(file, tail);
+      if (!sh) continue;
+      for (auto& t : sum.tensors) (*sh == shard_ ? here_ : elsewhere_)[t] = file;
+    }
   }
-  const std::string tj = detail::verified(m, "trainer.json", co);
-  const bool same_world = m.world_size == w.env.world_size && m.files.count(detail::rng_file(w.env.rank));
-  const std::string rng = same_world ? detail::verified(m, detail::rng_file(w.env.rank), co) : std::string();
-  nlohmann::json j;
+  /// The file that holds `name` for this rank, or "" (and in `other`, a file of another shard that does).
+  std::string file_of(const std::string& name, std::string* other = nullptr) const
+  {
+    if (auto it = here_.find(name); it != here_.end()) return it->second;
+    if (auto it = elsewhere_.find(name); other && it != elsewhere_.end()) *other = it->second;
+    return {};
+  }
+  /// Tensor `name` of `file` (verified and read on first use).
+  at::Tensor get(const std::string& file, const std::string& name)
+  {
+    auto it = open_.find(file);
+    if (it == open_.end()) {
+      const std::string f = verified(m_, file, co_);
+      Safetensors st;
+      try {
+        st = load_safetensors(f);
+      } catch (const config_error& e) {  // damage the checksums did not catch (they are off): the reader's words
+        throw config_error(e.what() + other_checkpoints(m_.root, m_.dir));
+      }
+      if (st.metadata["step"] != std::to_string(m_.step))
+        throw config_error("mpx: " + f + ": saved at step " + st.metadata["step"] + ", the manifest is of step " + std::to_string(m_.step) +
+                           " (a file of another checkpoint)" + other_checkpoints(m_.root, m_.dir));
+      it = open_.emplace(file, std::move(st)).first;
+    }
+    auto t = it->second.tensors.find(name);
+    return t == it->second.tensors.end() ? at::Tensor() : t->second;
+  }
+  /// Every tensor name the checkpoint holds in these files (any shard).
+  std::vector<std::string> all_names() const
+  {
+    std::vector<std::string> out;
+    for (auto& [n, f] : here_) out.push_back(n);
+    for (auto& [n, f] : elsewhere_)
+      if (!here_.count(n)) out.push_back(n);
+    return out;
+  }
+
+ private:
+  const Manifest& m_;
+  std::string shard_;
+  CheckpointOptions co_;
+  std::map<std::string, std::string> here_, elsewhere_;
+  std::map<std::string, Safetensors> open_;
+};
+
+/// The file tensor `k` of a stage is read from: by name anywhere in the checkpoint when the stage's module
+/// names its parameters globally, else (and for buffers, whose names are the module's) only in the stage's
+/// own file `own` — module names repeat across stages, and another stage's tensor of the same name and
+/// shape must never be taken silently.
+inline std::string locate(const Manifest& m, const CheckpointReader& rd, const std::string& k, const std::string& own, bool global,
+                          std::string* other = nullptr)
+{
+  if (global && k.rfind("buffer.", 0) != 0) return rd.file_of(k, other);
+  auto it = m.files.find(own);
+  if (it == m.files.end()) return {};
+  return std::find(it->second.tensors.begin(), it->second.tensors.end(), k) != it->second.tensors.end() ? own : std::string();
+}
+
+/// " a b c" — at most 12 names, then how many more.
+inline std::string name_list(const std::vector<std::string>& names)
+{
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < 12; ++i) out += " " + names[i];
+  if (names.size() > 12) out += " ... and " + std::to_string(names.size() - 12) + " more";
+  return out;
+}
+
+/// Copies a stage's tensors from the checkpoint by name, after checking they are exactly the model's; the
+/// names it took go into `taken`.
+inline void load_stage_tensors(const Manifest& m, CheckpointReader& rd, std::map<std::string, at::Tensor> into, const CheckpointOptions& co,
+                               std::vector<std::string>& taken, const std::string& own, bool global)
+{
+  std::vector<std::string> missing, shapes, dtypes, split;
+  std::set<std::string> files;  // those the differences are in
+  std::map<std::string, at::Tensor> found;
+  for (auto& [k, t] : into) {
+    std::string other;
+    const std::string file = locate(m, rd, k, own, global, &other);
+    if (file.empty()) {
+      if (other.empty()) missing.push_back(k);
+      else split.push_back(k + " (in " + other + ")"), files.insert(other);
+      continue;
+    }
+    at::Tensor saved = rd.get(file, k);
+    if (saved.sizes() != t.sizes())
+      shapes.push_back(k + " (saved " + c10::str(saved.sizes()) + ", the model " + c10::str(t.sizes()) + ")"), files.insert(file);
+    else if (saved.scalar_type() != t.scalar_type() && !co.allow_cast)
+      dtypes.push_back(k + " (saved " + std::string(c10::toString(saved.scalar_type())) + ", the model " + c10::toString(t.scalar_type()) + ")"),
+          files.insert(file);
+    found[k] = saved;
+  }
+  auto bad = [&](const std::string& why) {
+    std::string where = m.dir;
+    if (!files.empty()) {
+      where.clear();
+      for (auto& f : files) where += (where.empty() ? "" : ", ") + m.dir + "/" + f;
+    }
+    return config_error("mpx: the checkpoint " + where + " " + why + other_checkpoints(m.root, m.dir));
+  };
+  if (!split.empty())
+    throw bad("holds these tensors split by another tensor-parallel degree:" + name_list(split) +
+              "; resume at the degree that saved them (moving between degrees is not supported yet), or start from the exported whole weights");
+  if (!missing.empty() || !shapes.empty())
+    throw bad("does not match this model:" + (missing.empty() ? "" : " not in the checkpoint:" + name_list(missing)) +
+              (shapes.empty() ? "" : (missing.empty() ? "" : ";") + std::string(" other shapes:") + name_list(shapes)) +
+              "; resume with the model and config that saved it");
+  if (!dtypes.empty()) throw bad("has other dtypes:" + name_list(dtypes) + "; load with CheckpointOptions::allow_cast to convert them");
+  torch::NoGradGuard ng;
+  for (auto& [k, t] : into) t.copy_(found.at(k)), taken.push_back(k);
+}
+
+/// This rank's part of a load (see `load_training_state`): its stages' tensors and optimizer states by
+/// name, its random generator, and the trainer's state. `taken` and `saved`: the stage tensor names it
+/// took, and all the checkpoint holds (for the agreement).
+template <PipelineType P>
+TrainingState load_rank_state(World& w, const Manifest& m, StageSet<P>& stages, StageOptimizers& optimizers, TrainingState current,
+                              const CheckpointOptions& co, std::vector<std::string>& taken, std::vector<std::string>& saved)
+{
+  const bool same_pipeline = m.fingerprint == std::to_string(fingerprint_v<P>);
+  for (int s = 0; s < P::num_stages; ++s)
+    if (stages.holds(s) && !same_pipeline && !StageSet<P>::global_names(s))
+      throw config_error("mpx: the checkpoint " + m.dir + " was saved by a different pipeline (fingerprint " + m.fingerprint + ", this one " +
+                         std::to_string(fingerprint_v<P>) + ") and stage " + std::to_string(s) +
+                         "'s module names its parameters only within the stage; resume with the same Pipeline<...> type and layout, "
+                         "or give the module named_weights() (global names) so that checkpoints move between layouts");
+  const std::string shard = stages.shard_suffix();
+  CheckpointReader tensors(m, shard, co, ".safetensors"), moments(m, shard, co, ".optimizer.safetensors");
+  saved = tensors.all_names();
+  for (int s = 0; s < P::num_stages; ++s) {
+    if (!stages.holds(s)) continue;
+    const auto state = stages.state(s);
+    const bool global = StageSet<P>::global_names(s);
+    load_stage_tensors(m, tensors, state, co, taken, stage_file(s, shard, ".safetensors"), global);
+    if (!optimizers.has(s)) continue;
+    if (named_optimizer_state(optimizers.at(s), {})) {
+      restore_optimizer_state(optimizers.at(s), trainable_of(state), [&](const std::string& k) {
+        const std::string file = locate(m, moments, k, stage_file(s, shard, ".optimizer.safetensors"), global);
+        return file.empty() ? at::Tensor() : moments.get(file, k);
+      });
+    } else {  // LibTorch's archive: the same layout only
+      const std::string pt = stage_file(s, shard, ".optimizer.pt");
+      if (!same_pipeline) throw config_error("mpx: " + m.dir + "/" + pt + ": this optimizer's state is a LibTorch archive, which loads only into the pipeline that saved it");
+      optimizers.load(s, verified(m, pt, co));
+    }
+  }
+  const std::string tj = verified(m, "trainer.json", co);
   try {
     std::ifstream in(tj);
-    j = nlohmann::json::parse(in);
+    const auto j = nlohmann::json::parse(in);
     current.step = j.at("step").get<long>();
     current.loss_scale = j.value("loss_scale", current.loss_scale);
     current.skipped = j.value("skipped", 0L);
     current.good_steps = j.value("good_steps", 0L);
   } catch (const std::exception& e) {
-    throw config_error("mpx: " + tj + " is garbled (" + e.what() + ")" + detail::other_checkpoints(m.root, m.dir));
+    throw config_error("mpx: " + tj + " is garbled (" + e.what() + ")" + other_checkpoints(m.root, m.dir));
   }
   if (current.step != m.step)
     throw config_error("mpx: " + tj + " is of step " + std::to_string(current.step) + ", the manifest of step " + std::to_string(m.step) +
-                       detail::other_checkpoints(m.root, m.dir));
-  for (int s = 0; s < P::num_stages; ++s) {
-    if (!stages.holds(s)) continue;
-    detail::load_stage_tensors(m, m.dir + "/" + detail::stage_file(s, shard, ".safetensors"), stages.state(s), co);
-    if (optimizers.has(s)) optimizers.load(s, m.dir + "/" + detail::stage_file(s, shard, ".optimizer.pt"));
-  }
-  if (!rng.empty()) {
+                       other_checkpoints(m.root, m.dir));
+  if (m.world_size == w.env.world_size && m.files.count(rng_file(w.env.rank))) {  // the same ranks: each its generator
+    const auto st = load_safetensors(verified(m, rng_file(w.env.rank), co));
     at::Generator g = at::detail::getDefaultCPUGenerator();  // a handle: the default generator itself
     std::lock_guard<std::mutex> lock(g.mutex());
-    g.set_state(load_safetensors(rng).tensors.at("cpu").clone());
+    g.set_state(st.tensors.at("cpu").clone());
   }
+  return current;
+}
+
+/// The load's verdict, agreed by every rank through the store: each rank publishes its error or the tensor
+/// names it took; rank 0 adds the checkpoint's tensors no rank took and publishes the first error; every
+/// rank reads it and throws it (rank 0 only once the others have read it: it hosts the store).
+inline void agree_on_load(World& w, const std::string& key, const std::string& mine, const std::vector<std::string>& taken,
+                          const std::vector<std::string>& saved, const Manifest& m)
+{
+  auto bytes = [](const std::string& x) { return std::vector<uint8_t>(x.begin(), x.end()); };
+  auto text = [](const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); };
+  const nlohmann::json report = {{"error", mine}, {"taken", taken}};
+  w.store->set(key + "rank/" + std::to_string(w.env.rank), bytes(report.dump()));
+  if (w.env.rank == 0) {
+    std::string verdict;
+    std::set<std::string> all;
+    for (int r = 0; r < w.env.world_size; ++r) {
+      w.store->wait({key + "rank/" + std::to_string(r)}, w.timeout);
+      const auto j = nlohmann::json::parse(text(w.store->get(key + "rank/" + std::to_string(r))));
+      if (verdict.empty()) verdict = j.at("error").get<std::string>();
+      for (auto& n : j.at("taken")) all.insert(n.get<std::string>());
+    }
+    std::vector<std::string> unused;
+    for (auto& n : saved)
+      if (!all.count(n)) unused.push_back(n);
+    if (verdict.empty() && !unused.empty())
+      verdict = "mpx: the checkpoint " + m.dir + " does not match this model: no stage of this pipeline has" + name_list(unused) +
+                "; resume with the model and config that saved it" + other_checkpoints(m.root, m.dir);
+    w.store->set(key + "verdict", bytes(verdict));
+  }
+  w.store->wait({key + "verdict"}, w.timeout);
+  const std::string verdict = text(w.store->get(key + "verdict"));
+  if (verdict.empty()) return;
+  w.store->set(key + "read/" + std::to_string(w.env.rank), bytes("1"));
+  if (w.env.rank == 0)
+    for (int r = 1; r < w.env.world_size; ++r) w.store->wait({key + "read/" + std::to_string(r)}, w.timeout);
+  throw config_error(verdict);
+}
+}  // namespace detail
+
+/// Restores the checkpoint `path` names (see the file comment) into this rank's stages, optimizers and
+/// random generator, and returns the trainer's state (`current` supplies what the file does not record).
+/// A collective: every rank calls it.
+template <PipelineType P>
+TrainingState load_training_state(World& w, const std::string& path, StageSet<P>& stages, StageOptimizers& optimizers, TrainingState current,
+                                  const CheckpointOptions& co = {})
+{
+  static long loads = 0;  // every rank loads in the same order: the store keys of a load are never reused
+  const std::string key = "mpx/load/" + std::to_string(loads++) + "/";
+  std::string error;
+  std::vector<std::string> taken, saved;
+  std::optional<detail::Manifest> m;
+  try {
+    m = detail::read_manifest(detail::locate_checkpoint(path));
+    current = detail::load_rank_state(w, *m, stages, optimizers, current, co, taken, saved);
+  } catch (const config_error& e) {
+    error = e.what();
+  }
+  detail::agree_on_load(w, key, error, taken, saved, m ? *m : detail::Manifest{});
   return current;
 }
 
