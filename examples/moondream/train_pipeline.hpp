@@ -136,6 +136,7 @@ int train_pipeline(const Options& o)
     store_barrier(world, std::string("eval/") + when + std::to_string(trainer.steps_done()), std::chrono::hours(2));
   };
   if (const std::string from = resume_from(o, env); !from.empty()) {
+    store_barrier(world, "load", wo.timeout);  // the time below is the load's, not the ranks' start-up skew
     const auto t0 = std::chrono::steady_clock::now();
     trainer.load(from);
     if (lead)
