@@ -31,7 +31,7 @@ struct VisionConfig
 struct TextConfig
 {
   int dim = 2048, ff_dim = 8192, n_layers = 24, vocab_size = 51200, max_context = 2048, n_heads = 32, n_kv_heads = 32;
-  int rot_dim = 32;           ///< rotated dims per head (of head_dim)
+  int rot_dim = 32;           ///< rotated dims per head (of head_dim); a config without it: 2 * (head_dim / 4)
   double rope_theta = 10000;  ///< RoPE base
   int head_dim() const { return dim / n_heads; }
   int qkv_dim() const { return (n_heads + 2 * n_kv_heads) * head_dim(); }
@@ -109,6 +109,7 @@ inline Config parse_config(const std::string& text, const std::string& where)
   read(t, "vocab_size", c.text.vocab_size, where), read(t, "max_context", c.text.max_context, where);
   read(t, "n_heads", c.text.n_heads, where), read(t, "n_kv_heads", c.text.n_kv_heads, where);
   read(t, "rot_dim", c.text.rot_dim, where), read(t, "rope_theta", c.text.rope_theta, where);
+  if (!t.contains("rot_dim")) c.text.rot_dim = 2 * (c.text.head_dim() / 4);  // the reference's rule: half of each head rotates
   read(k, "bos_id", c.tokenizer.bos_id, where), read(k, "eos_id", c.tokenizer.eos_id, where);
   validate(c, where);
   return c;

@@ -18,9 +18,10 @@ namespace moondream
 {
 
 /// vision | text — the seed's split: the encoder on one device, the decoder on the next; with TextTP > 1
-/// the decoder is split over that many adjacent ranks (tensor parallelism: heads, MLP columns, vocabulary).
-template <class Schedule, int TextTP = 1>
-using TwoStage = mpx::Pipeline<mpx::Stage<Vision, mpx::GPU<0>, mpx::Optimizer<mpx::AdamW8bit>>,
+/// the decoder is split over that many adjacent ranks (tensor parallelism: heads, MLP columns, vocabulary),
+/// with VisionTP > 1 the encoder (heads, MLP columns) and its projection.
+template <class Schedule, int TextTP = 1, int VisionTP = 1>
+using TwoStage = mpx::Pipeline<mpx::Stage<Vision, mpx::GPU<0>, mpx::Optimizer<mpx::AdamW8bit>, mpx::TensorParallel<VisionTP>>,
                                mpx::Stage<Text, mpx::GPU<1>, mpx::Optimizer<mpx::AdamW8bit>, mpx::Reads<"tokens">, mpx::TensorParallel<TextTP>>,
                                mpx::Batch<Batch>, mpx::Schedule<Schedule>, mpx::Microbatches<MOONDREAM_MICROBATCHES>>;
 
@@ -35,6 +36,7 @@ using FourStage = mpx::Pipeline<mpx::Stage<Vision, mpx::GPU<0>, mpx::Optimizer<m
 struct Options;
 int train_two_stage(const Options& o);   // train_two_stage.cpp
 int train_two_stage_tp(const Options& o);  // train_two_stage_tp.cpp: the text stage over --tp ranks
+int train_two_stage_vision_tp(const Options& o);  // train_two_stage_vision_tp.cpp: the vision stage over --vision-tp ranks too
 int train_four_stage(const Options& o);  // train_four_stage.cpp
 
 }  // namespace moondream

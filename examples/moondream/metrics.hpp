@@ -9,6 +9,7 @@
 #include <algorithm>   // std::min, std::max
 #include <chrono>      // std::chrono::steady_clock
 #include <filesystem>  // std::filesystem
+#include <cstdlib>     // std::strtol
 #include <fstream>     // std::ofstream
 #include <iostream>    // std::cout
 #include <string>      // std::string
@@ -39,8 +40,12 @@ struct Progress
     std::ifstream in(path);
     std::string line, kept;
     const std::string key = "{\"step\": ";
-    while (std::getline(in, line))
-      if (line.rfind(key, 0) == 0 && std::stol(line.substr(key.size())) < step) kept += line + "\n";
+    while (std::getline(in, line)) {  // a line that is not a step's (a torn write) is dropped
+      const char* first = line.c_str() + std::min(line.size(), key.size());
+      char* end = nullptr;
+      const long s = line.rfind(key, 0) == 0 ? std::strtol(first, &end, 10) : -1;
+      if (end != first && s >= 0 && s < step) kept += line + "\n";
+    }
     in.close();
     std::ofstream(path, std::ios::trunc) << kept;
   }

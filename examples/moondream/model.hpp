@@ -150,9 +150,10 @@ struct VisionImpl : torch::nn::Module
   using input_type = torch::Tensor;   // crops (B, N, C, S, S)
   using output_type = mpx::Ranked<3>;  // image embeddings (B, P, D): the receiving stage checks the rank
   static constexpr std::string_view name = "moondream::Vision";
+  static constexpr bool tp_blocks = true;  // written with mpx::tp blocks; its sizes are run-time config, checked when built
 
   explicit VisionImpl(const Config& c)
-      : cfg(c.vision),
+      : cfg((check_splits(c.vision, mpx::tp::current()->size), c.vision)),
         patch_emb(register_module("patch_emb", torch::nn::Linear(c.vision.patch_features(), c.vision.enc_dim))),
         pos_emb(register_parameter("pos_emb", torch::randn({1, c.vision.tokens(), c.vision.enc_dim}) * 0.02)),
         post_ln(register_module("post_ln", detail::layer_norm(c.vision.enc_dim))),
@@ -160,6 +161,21 @@ struct VisionImpl : torch::nn::Module
   {
     for (int i = 0; i < c.vision.enc_n_layers; ++i) blocks->push_back(VisionBlock(c.vision));
     register_module("blocks", blocks);
+  }
+
+  /// A tensor-parallel degree must divide every split size of the vision config: heads, MLP widths (a
+  /// run-time check: the sizes come from the JSON config).
+  static void check_splits(const VisionConfig& v, int n)
+  {
+    if (n == 1) return;
+    auto need = [&](long size, const char* what) {
+      if (size % n != 0)
+        throw mpx::config_error("moondream::Vision: vision tensor parallelism over " + std::to_string(n) + " ranks splits " + what + " (" +
+                                std::to_string(size) + ") " + std::to_string(n) + " ways: choose --vision-tp among its divisors");
+    };
+    need(v.enc_n_heads, "the attention heads enc_n_heads");
+    need(v.enc_ff_dim, "the MLP width enc_ff_dim");
+    need(v.proj_inner_dim, "the projection's width proj_inner_dim");
   }
 
   /// Features of a stack of crops: (N, C, S, S) → (N, P, E).

@@ -59,6 +59,8 @@ struct Options
   bool quiet = false;
   int emulate_replicas = 1;       ///< layout 1 only: compute a data-parallel run's global batch (its parity reference)
   int tp = 1;                     ///< tensor-parallel degree of the text stage (layouts 2 and 2x2)
+  int vision_tp = 1;              ///< tensor-parallel degree of the vision stage (layouts 2 and 2x2)
+  std::string trace;              ///< a Chrome trace of the last step's actions on every rank (pipeline layouts)
 
   int microbatches() const { return MOONDREAM_MICROBATCHES; }
   bool train_vision() const { return freeze_vision == "off" || (freeze_vision == "auto" && weights.empty()); }
@@ -266,6 +268,17 @@ std::map<std::string, at::Tensor> whole_weights(M& m)
   auto w = m.named_weights();
   for (auto& [n, s] : m.named_splits()) w[n] = mpx::tp::unshard(w[n], s, *m.tp_group);
   return w;
+}
+
+/// The checkpoint to start from: after a restart (the launcher's TORCHELASTIC_RESTART_COUNT) the newest one
+/// under --save when there is one, else --resume's (`<dir>/checkpoint` when it exists, else `<dir>` itself:
+/// a checkpoint root or one step's directory), else none.
+inline std::string resume_from(const Options& o, const mpx::Env& env)
+{
+  namespace fs = std::filesystem;
+  if (env.restart_count > 0 && !o.save.empty() && fs::exists(o.save + "/checkpoint/latest")) return o.save + "/checkpoint";
+  if (o.resume.empty()) return {};
+  return fs::exists(o.resume + "/checkpoint") ? o.resume + "/checkpoint" : o.resume;
 }
 
 }  // namespace moondream

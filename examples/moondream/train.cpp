@@ -5,6 +5,7 @@
 //   moondream_train                                  # the demo: tiny config, generated shapes, 2 CPU ranks
 //   moondream_train --layout 4 --schedule zbh1       # vision | text x 3
 //   moondream_train --tp 2                           # vision | text split over 2 ranks (tensor parallel): 3 ranks
+//   moondream_train --tp 2 --vision-tp 2             # vision split over 2 ranks | text over 2: 4 ranks
 //   moondream_train --config md2 --weights model.safetensors --tokenizer tokenizer.json --data docci.jsonl
 //
 // See docs/04_moondream.md for the layouts, the recipe and the real md2 weights.
@@ -26,6 +27,9 @@ int main(int argc, char** argv)
   app.add_option("--layout", o.layout, "1 (one process, plain LibTorch), 2 (vision | text), 4 (vision | text x 3), 2x2 (2 replicas x 2 stages)")
       ->check(CLI::IsMember({"1", "2", "4", "2x2"}))->capture_default_str();
   app.add_option("--tp", o.tp, "tensor-parallel degree of the text stage (layouts 2 and 2x2): 1 or 2")->check(CLI::IsMember({1, 2}))->capture_default_str();
+  app.add_option("--vision-tp", o.vision_tp, "tensor-parallel degree of the vision stage (layouts 2 and 2x2): 1 or 2")
+      ->check(CLI::IsMember({1, 2}))
+      ->capture_default_str();
   app.add_option("--schedule", o.schedule, "gpipe | 1f1b | zbh1")->check(CLI::IsMember({"gpipe", "1f1b", "zbh1"}))->capture_default_str();
   app.add_option("--microbatch-size", o.microbatch_size, "samples per micro-batch (a step is " + std::to_string(o.microbatches()) + " micro-batches per replica)")
       ->check(CLI::PositiveNumber)->capture_default_str();
@@ -45,7 +49,7 @@ int main(int argc, char** argv)
       ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
   app.add_option("--save", o.save, "directory for checkpoint/, model/, metrics.jsonl, loss.svg");
   app.add_option("--save-every", o.save_every, "also checkpoint every N steps");
-  app.add_option("--resume", o.resume, "continue from <dir>/checkpoint's latest checkpoint, or from a checkpoint directory (same layout and config)");
+  app.add_option("--resume", o.resume, "continue from <dir>/checkpoint's latest checkpoint, or from a checkpoint directory (saved by any layout or --tp, or by layout 1; the same config)");
   app.add_option("--checkpoint-checksums", o.checkpoint_checksums, "on | off: XXH3-64 of every checkpoint file, verified on load")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_option("--max-restarts", o.max_restarts, "after a rank fails, start all ranks again (up to N times); they resume from --save")
@@ -59,6 +63,8 @@ int main(int argc, char** argv)
   app.add_option("--timeout", o.timeout_s, "seconds any wait for a peer may take")->capture_default_str();
   app.add_option("--log-every", o.log_every)->capture_default_str();
   app.add_flag("--quiet", o.quiet, "no progress lines");
+  app.add_option("--trace", o.trace, "write the last step's actions of every rank as a Chrome trace (chrome://tracing, Perfetto) to FILE, "
+                                     "and print the measured bubble beside the expected one (pipeline layouts)");
   app.add_option("--emulate-replicas", o.emulate_replicas, "layout 1: reproduce the global batch of N data-parallel replicas (parity reference)")
       ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
@@ -67,13 +73,19 @@ int main(int argc, char** argv)
     if (o.tp > 1 && (o.layout == "1" || o.layout == "4"))
       throw mpx::config_error("moondream_train: --tp " + std::to_string(o.tp) + " splits the text stage of layout 2 or 2x2; layout " + o.layout +
                               " has " + (o.layout == "1" ? "no stages (one process)" : "three text stages") + ": use --layout 2 or 2x2, or --tp 1");
+    if (o.vision_tp > 1 && (o.layout == "1" || o.layout == "4"))
+      throw mpx::config_error("moondream_train: --vision-tp " + std::to_string(o.vision_tp) + " splits the vision stage of layout 2 or 2x2; layout " +
+                              o.layout + (o.layout == "1" ? " is one process" : " keeps vision on one rank") + ": use --layout 2 or 2x2, or --vision-tp 1");
+    if (o.layout == "1" && !o.trace.empty())
+      throw mpx::config_error("moondream_train: --trace records a pipeline's actions; layout 1 is one process: use --layout 2, 4 or 2x2");
     if (o.layout == "1" && o.max_restarts > 0)
       throw mpx::config_error("moondream_train: --max-restarts restarts the ranks of a pipeline; layout 1 is one process: use --layout 2, 4 or 2x2");
     if (o.layout == "1") return moondream::train_single(o);
-    const int per_replica = o.layout == "4" ? 4 : 1 + o.tp;  // vision's rank, then the text stage's
+    const int per_replica = o.layout == "4" ? 4 : o.vision_tp + o.tp;  // vision's ranks, then the text stage's
     const int nproc = o.layout == "2x2" ? 2 * per_replica : per_replica;
     if (const int status = mpx::relaunch_self(nproc, argc, argv, o.max_restarts); status >= 0) return status;
     if (o.layout == "4") return moondream::train_four_stage(o);
+    if (o.vision_tp > 1) return moondream::train_two_stage_vision_tp(o);
     return o.tp > 1 ? moondream::train_two_stage_tp(o) : moondream::train_two_stage(o);
   } catch (const std::exception& e) {
     std::cerr << e.what() << "\n";

@@ -23,6 +23,15 @@
 namespace moondream
 {
 
+/// " (text tensor-parallel over 2 ranks)", " (vision and text tensor-parallel over 2 ranks each)", ...
+inline std::string tp_description(const Options& o)
+{
+  if (o.tp == 1 && o.vision_tp == 1) return "";
+  if (o.tp == o.vision_tp) return fmt::format(" (vision and text tensor-parallel over {} ranks each)", o.tp);
+  if (o.vision_tp == 1) return fmt::format(" (text tensor-parallel over {} ranks)", o.tp);
+  return fmt::format(" (vision tensor-parallel over {} ranks, text over {})", o.vision_tp, o.tp);
+}
+
 /// A rendezvous through the store that may wait long (evaluation on rank 0): every rank sets its key,
 /// then waits for all of them.
 inline void store_barrier(mpx::World& w, std::string tag, std::chrono::milliseconds timeout)
@@ -35,16 +44,6 @@ inline void store_barrier(mpx::World& w, std::string tag, std::chrono::milliseco
   w.store->wait(keys, timeout);
 }
 
-/// The checkpoint to start from: after a restart (the launcher's TORCHELASTIC_RESTART_COUNT) the newest one
-/// under --save when there is one, else --resume's (`<dir>/checkpoint` when it exists, else `<dir>` itself:
-/// a checkpoint root or one step's directory), else none.
-inline std::string resume_from(const Options& o, const mpx::Env& env)
-{
-  namespace fs = std::filesystem;
-  if (env.restart_count > 0 && !o.save.empty() && fs::exists(o.save + "/checkpoint/latest")) return o.save + "/checkpoint";
-  if (o.resume.empty()) return {};
-  return fs::exists(o.resume + "/checkpoint") ? o.resume + "/checkpoint" : o.resume;
-}
 
 /// Trains pipeline type P (stage 0 the vision encoder, stages 1.. text ranges) on this rank.
 template <class P>
@@ -67,7 +66,7 @@ int train_pipeline(const Options& o)
   const auto ranges = split_layers(c.text.n_layers, P::num_stages - 1);
   if (lead) {
     std::cout << fmt::format("moondream_train: config {} ({} vision + {} text layers), layout {}{}, {} ranks, {} on {}\n", c.name,
-                             c.vision.enc_n_layers, c.text.n_layers, o.layout, o.tp > 1 ? fmt::format(" (text tensor-parallel over {} ranks)", o.tp) : "",
+                             c.vision.enc_n_layers, c.text.n_layers, o.layout, tp_description(o),
                              env.world_size, P::schedule::name,
                              world.device.is_cuda() ? "CUDA" : "CPU (no CUDA here: this example opts into running GPU<i> stages on CPU ranks)");
     std::cout << mpx::print<P>;
@@ -98,6 +97,7 @@ int train_pipeline(const Options& o)
   to.checkpoint_all = o.checkpoint;
   to.checkpoint_blocks = o.checkpoint_blocks;
   to.checkpoints.checksums = o.checkpoint_checksums == "on";
+  to.trace = !o.trace.empty();
   if (o.checkpoint && o.checkpoint_blocks)
     throw mpx::config_error("moondream_train: --checkpoint (whole stages) and --checkpoint-blocks exclude each other; keep one");
   if (o.precision == "bf16") to.autocast = at::kBFloat16;
@@ -175,6 +175,7 @@ int train_pipeline(const Options& o)
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < total) checkpoint();
   }
   checkpoint();
+  if (!o.trace.empty() && total > start) trainer.write_trace(o.trace);  // every rank: a collective
   eval("after training");
   if (lead) {
     const std::string plot = !o.plot.empty() ? o.plot : save.empty() ? "" : save + "/loss.svg";

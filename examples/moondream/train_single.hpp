@@ -56,11 +56,33 @@ inline int train_single(const Options& o)
   std::cout << fmt::format("moondream_train: config {}, layout 1 (one process, plain LibTorch), {} steps\n", c.name, total);
   if (data.eval && o.eval_samples > 0) std::cout << "held-out accuracy before training: " << describe(evaluate(m, *data.eval, tok, o.eval_samples)) << "\n";
   m->train();
+  // the checkpoint's parts are the pipeline's stages (vision, then text) under the same global names, so a
+  // checkpoint of any layout resumes here and this one's in any layout (mpx::save_local_checkpoint)
+  std::vector<mpx::LocalPart> parts{{m->vision->named_weights(), vis.empty() ? nullptr : opts.front().get()},
+                                    {m->text->named_weights(), opts.back().get()}};
+  mpx::CheckpointOptions co;
+  co.checksums = o.checkpoint_checksums == "on";
+  long start = 0;
+  if (const std::string from = resume_from(o, mpx::Env{}); !from.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    start = mpx::load_local_checkpoint(from, parts, {}, co).step;
+    std::cout << "resumed from " << from << " at step " << start
+              << fmt::format(" in {:.3f} s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) << "\n";
+  }
+  auto checkpoint = [&](long steps_done) {
+    if (o.save.empty()) return;
+    mpx::TrainingState t;
+    t.step = steps_done;
+    mpx::save_local_checkpoint(o.save + "/checkpoint", parts, t, co);
+    std::cout << fmt::format("saved {}/checkpoint/step-{:08} at step {}\n", o.save, steps_done, steps_done);
+  };
   Progress prog;
+  prog.first_step = start;
   const std::string metrics = !o.metrics.empty() ? o.metrics : o.save.empty() ? "" : o.save + "/metrics.jsonl";
-  prog.open(metrics, false);
+  prog.open(metrics, start > 0);
   const int M = o.microbatches();
-  for (long step = 0; step < total; ++step) {
+  for (long step = start; step < total; ++step) {
+    mpx::inject_fault(mpx::FaultPoint::step, 0, step);  // MPX_FAULT, as a pipeline rank's (tests of resuming)
     const auto t0 = std::chrono::steady_clock::now();
     const int R = o.emulate_replicas;  // a data-parallel run's replicas, one after the other: the same samples and mean
     std::vector<Batch> mbs;
@@ -99,7 +121,9 @@ inline int train_single(const Options& o)
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     prog.record(step, total, loss_sum, lr(step), norm, secs, long(M) * o.microbatch_size * R, count_tokens(mbs, c), false,
                 !o.quiet && (step % o.log_every == 0 || step + 1 == total));
+    if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < total) checkpoint(step + 1);
   }
+  checkpoint(total);
   if (!o.save.empty()) {
     std::filesystem::create_directories(o.save + "/model");
     write_weights(o.save + "/model/model.safetensors", m->named_weights());

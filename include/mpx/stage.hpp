@@ -30,6 +30,8 @@ template <class T> struct is_tp_p : std::bool_constant<is_tp_policy<T>> {};
 template <class T> struct is_layers_p : std::bool_constant<is_layers_policy<T>> {};
 template <class T> struct is_reads_p : std::bool_constant<is_reads_policy<T>> {};
 template <class T> struct is_frozen_p : std::bool_constant<std::is_same_v<T, Frozen>> {};
+/// Whether tensor-parallel degree `n` splits a declared size evenly (a size <= 0 is not declared: true).
+inline constexpr bool tp_divides(long size, int n) { return n == 1 || size <= 0 || size % n == 0; }
 template <class T> struct is_checkpointed_p : std::bool_constant<std::is_same_v<T, Checkpointed>> {};
 template <class T> struct is_block_checkpointed_p : std::bool_constant<std::is_same_v<T, CheckpointBlocks>> {};
 
@@ -110,17 +112,17 @@ struct Stage
                 "mpx::Stage: mpx::TensorParallel<N> needs a module that says how it splits: write it with mpx::tp "
                 "blocks (ColumnLinear, RowLinear, VocabEmbedding, tp::cross_entropy) and declare "
                 "static constexpr bool tp_blocks = true");
-  static_assert(tensor_parallel == 1 || traits::num_heads <= 0 || traits::num_heads % tensor_parallel == 0,
+  static_assert(detail::tp_divides(traits::num_heads, tensor_parallel),
                 "mpx::Stage: the tensor-parallel degree N of mpx::TensorParallel<N> must divide the module's num_heads; "
                 "choose N among the divisors of num_heads");
-  static_assert(tensor_parallel == 1 || traits::num_kv_heads <= 0 || traits::num_kv_heads % tensor_parallel == 0,
+  static_assert(detail::tp_divides(traits::num_kv_heads, tensor_parallel),
                 "mpx::Stage: the tensor-parallel degree N of mpx::TensorParallel<N> must divide the module's num_kv_heads "
                 "(each rank holds its query heads' key/value heads; replicating fewer than N key/value heads is not "
                 "supported): choose N among the divisors of num_kv_heads");
-  static_assert(tensor_parallel == 1 || traits::ffn_width <= 0 || traits::ffn_width % tensor_parallel == 0,
+  static_assert(detail::tp_divides(traits::ffn_width, tensor_parallel),
                 "mpx::Stage: the tensor-parallel degree N of mpx::TensorParallel<N> must divide the module's ffn_width "
                 "(the MLP's columns are split N ways): choose N among its divisors, or pad the width");
-  static_assert(tensor_parallel == 1 || traits::vocab_size <= 0 || traits::vocab_size % tensor_parallel == 0,
+  static_assert(detail::tp_divides(traits::vocab_size, tensor_parallel),
                 "mpx::Stage: the tensor-parallel degree N of mpx::TensorParallel<N> must divide the module's vocab_size "
                 "(the embedding and the head are split by vocabulary): pad the vocabulary to a multiple of N");
 

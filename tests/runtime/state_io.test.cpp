@@ -174,3 +174,85 @@ TEST_CASE("A model of another shape or dtype is refused with the differences lis
                     Contains("does not match this model") && Contains("other shapes: " + first + " (saved ["));
   fs::remove_all(fs::path(root).parent_path());
 }
+
+TEST_CASE("A one-process model's checkpoint loads back by name, and any checkpoint exports its whole weights as one file", "[rooms][state_io]")
+{
+  const std::string base = test::scratch_dir("mpx-state-local"), root = base + "/ckpt";
+  auto model = [](int seed) {
+    torch::manual_seed(seed);
+    return std::pair{torch::nn::Linear(6, 4), torch::nn::Linear(4, 3)};
+  };
+  auto named = [](torch::nn::Linear& l, const std::string& prefix) {
+    return std::map<std::string, at::Tensor>{{prefix + ".weight", l->weight}, {prefix + ".bias", l->bias}};
+  };
+  auto [a1, a2] = model(1);
+  torch::optim::AdamW opt(std::vector<at::Tensor>{a2->weight, a2->bias}, torch::optim::AdamWOptions(1e-2));
+  a2(a1(torch::ones({2, 6}))).sum().backward();
+  opt.step();
+  const std::vector<mpx::LocalPart> saved{{named(a1, "first"), nullptr}, {named(a2, "second"), &opt}};
+  mpx::save_local_checkpoint(root, saved, {5, 1, 0, 0});
+
+  auto [b1, b2] = model(2);
+  torch::optim::AdamW opt_b(std::vector<at::Tensor>{b2->weight, b2->bias}, torch::optim::AdamWOptions(1e-2));
+  CHECK(mpx::load_local_checkpoint(root, {{named(b1, "first"), nullptr}, {named(b2, "second"), &opt_b}}).step == 5);
+  CHECK(torch::equal(a1->weight, b1->weight));
+  CHECK(torch::equal(a2->bias, b2->bias));
+  auto moments = mpx::named_optimizer_state(opt_b, named(b2, "second"));
+  REQUIRE(moments);
+  CHECK(torch::equal(moments->at("second.weight/exp_avg"), mpx::named_optimizer_state(opt, named(a2, "second"))->at("second.weight/exp_avg")));
+
+  // the parts may be grouped otherwise (one part holding both): found by name in whichever file
+  auto [c1, c2] = model(3);
+  auto both = named(c1, "first");
+  both.merge(named(c2, "second"));
+  CHECK(mpx::load_local_checkpoint(root, {{both, nullptr}}).step == 5);
+  CHECK(torch::equal(a2->weight, c2->weight));
+  // a model without one of the saved tensors: the verdict names it
+  CHECK_THROWS_WITH(mpx::load_local_checkpoint(root, {{named(c1, "first"), nullptr}}), Contains("no stage of this pipeline has second.bias second.weight"));
+
+  mpx::export_checkpoint_weights(root, base + "/whole.safetensors");
+  const auto whole = mpx::load_safetensors(base + "/whole.safetensors");
+  CHECK(whole.tensors.size() == 4);
+  CHECK(torch::equal(whole.tensors.at("second.weight"), a2->weight));
+  CHECK(whole.metadata.at("step") == "5");
+  fs::remove_all(base);
+}
+
+TEST_CASE("A tensor cut at one tensor-parallel degree is re-cut for another, fused parts included", "[rooms][state_io]")
+{
+  const auto full = torch::arange(24 * 3, torch::kFloat).view({24, 3});  // a fused q|k|v of 8 rows each
+  const mpx::tp::Split qkv{"weight", 0, {8, 8, 8}};
+  auto cut = [&](int n) {
+    std::vector<at::Tensor> out;
+    for (int r = 0; r < n; ++r) out.push_back(mpx::tp::shard(full, qkv, r, n));
+    return out;
+  };
+  CHECK(torch::equal(cut(2)[1].narrow(0, 0, 4), full.narrow(0, 4, 4)));  // rank 1's share of q
+  CHECK(torch::equal(mpx::tp::join(cut(2), qkv), full));
+  CHECK(torch::equal(mpx::detail::recut(cut(2), &qkv, nullptr, 0, 1), full));         // 2 -> 1
+  CHECK(torch::equal(mpx::detail::recut({full}, nullptr, &qkv, 3, 4), cut(4)[3]));     // 1 -> 4
+  CHECK(torch::equal(mpx::detail::recut(cut(4), &qkv, &qkv, 1, 2), cut(2)[1]));        // 4 -> 2
+  CHECK(torch::equal(mpx::detail::recut({torch::tensor(7L), torch::tensor(7L)}, &qkv, &qkv, 0, 2), torch::tensor(7L)));  // a step count
+  const auto name = mpx::detail::parse_stage_file("stage12.tp1of4.optimizer.safetensors", ".optimizer.safetensors");
+  REQUIRE(name);
+  CHECK(name->stage == 12);
+  CHECK(name->tp_rank == 1);
+  CHECK(name->tp_size == 4);
+  CHECK(!mpx::detail::parse_stage_file("stage1.tp4of4.safetensors", ".safetensors"));
+  CHECK(!mpx::detail::parse_stage_file("stage1.optimizer.safetensors", ".safetensors"));
+  CHECK(!mpx::detail::parse_stage_file("stagex.safetensors", ".safetensors"));
+}
+
+TEST_CASE("8-bit AdamW takes fp32 moments for a large parameter and quantizes them (a re-cut shard's)", "[rooms][state_io]")
+{
+  auto p = torch::zeros({64, 80}, torch::requires_grad());  // 5120 values: 8-bit moments
+  mpx::AdamW8bitOptimizer opt({p}, torch::optim::AdamWOptions(1e-3));
+  const auto m = torch::randn({64, 80}) * 1e-3, v = torch::rand({64, 80}) * 1e-6;
+  opt.set_param_state(p, {{"step", torch::tensor(3L)}, {"m", m}, {"v", v}});
+  const auto st = opt.param_state(p);
+  REQUIRE(st.count("m8"));
+  const auto back = mpx::detail::dense_moment(st.at("m8"), st.at("m8max"), p.sizes(), true);
+  CHECK((back - m).abs().max().item<float>() <= 0.02f * m.abs().max().item<float>());
+  const auto vback = mpx::detail::dense_moment(st.at("v8"), st.at("v8max"), p.sizes(), false);
+  CHECK((vback - v).abs().max().item<float>() <= 0.02f * v.abs().max().item<float>());
+}

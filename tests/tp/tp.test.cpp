@@ -82,6 +82,17 @@ void check_training(int n, const std::string& mode)
   }
   std::filesystem::remove_all(dir);
 }
+/// tp_rank's `mode` on 2 and 4 ranks: every rank ends well and rank 0 says "<mode> ok".
+void check_on_ranks(const std::string& mode)
+{
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    auto res = test::spawn(n, {MPX_TP_RANK_EXE, mode, "/tmp"}, std::chrono::seconds(120));
+    INFO(all_output(res));
+    for (auto& r : res) CHECK(r.code == 0);
+    CHECK(res[0].output.find(mode + " ok") != std::string::npos);
+  }
+}
 }  // namespace
 
 TEST_CASE("In one process the blocks are their plain counterparts: the TP model is tiny::Model", "[tp]")
@@ -104,13 +115,7 @@ TEST_CASE("In one process the blocks are their plain counterparts: the TP model 
 
 TEST_CASE("Each operator and block matches the unsplit arithmetic on 2 and 4 ranks, forward and backward", "[tp][ops]")
 {
-  for (int n : {2, 4}) {
-    CAPTURE(n);
-    auto res = test::spawn(n, {MPX_TP_RANK_EXE, "ops", "/tmp"}, std::chrono::seconds(120));
-    INFO(all_output(res));
-    for (auto& r : res) CHECK(r.code == 0);
-    CHECK(res[0].output.find("ops ok") != std::string::npos);
-  }
+  check_on_ranks("ops");
 }
 
 TEST_CASE("The tiny transformer under TP = 2 trains like one process: losses, gradient norms, parameters", "[tp][parity]")
@@ -124,4 +129,14 @@ TEST_CASE("With sequence parallelism, TP = 2 and TP = 4 train like one process",
 {
   check_training(2, "train-sp");
   check_training(4, "train-sp");
+}
+
+TEST_CASE("Dropout draws per rank in a split region and alike on every rank outside one, and a recompute repeats it", "[tp][dropout]")
+{
+  check_on_ranks("dropout");
+  // in a group of one it is plain dropout from the default generator: the model runs unsplit unchanged
+  torch::manual_seed(3);
+  const auto a = mpx::tp::dropout(torch::ones({50}), 0.5, true, mpx::tp::Region::split);
+  torch::manual_seed(3);
+  CHECK(torch::equal(a, torch::dropout(torch::ones({50}), 0.5, true)));
 }

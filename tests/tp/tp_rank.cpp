@@ -4,6 +4,8 @@
 //   mpx.tests.tp_rank train|train-sp <out>   the tiny TP transformer, 5 AdamW steps; rank 0 prints
 //                                            "loss <step> <value>" and "norm <step> <value>" and saves every
 //                                            parameter, made whole again, to <out>/params.pt
+//   mpx.tests.tp_rank dropout <out-dir>      split-region masks differ across ranks, replicated ones agree,
+//                                            a checkpointed recompute repeats them; "dropout ok"
 #include "support/tiny_tp_transformer.hpp"
 
 #include <mpx/mpx.hpp>
@@ -147,10 +149,52 @@ int train(const tp::GroupPtr& g, bool sp, const std::string& out)
 }
 }  // namespace
 
+/// Dropout (tp/dropout.hpp): a split region's masks differ from rank to rank, a replicated region's are
+/// equal on every rank, and an activation-checkpointed region gives the gradient of the plain run.
+int dropout(const tp::GroupPtr& g)
+{
+  torch::manual_seed(7);  // every rank alike, as a run's seed
+  tp::seed_split_regions(7, g->rank);
+  const auto ones = torch::ones({64, 32});
+  const auto split = tp::dropout(ones, 0.5, true, tp::Region::split, g);
+  const auto replicated = tp::dropout(ones, 0.5, true, tp::Region::replicated, g);
+  const auto splits = tp::all_gather(*g, split.contiguous()), replicas = tp::all_gather(*g, replicated.contiguous());
+  for (int q = 1; q < g->size; ++q) {
+    expect(!torch::equal(splits[0], splits[std::size_t(q)]), "a split region's mask on rank " + std::to_string(q) + " (the same as rank 0's)");
+    expect(torch::equal(replicas[0], replicas[std::size_t(q)]), "a replicated region's mask on rank " + std::to_string(q) + " (not rank 0's)");
+  }
+  const double kept = split.gt(0).to(at::kDouble).mean().item<double>();
+  expect(kept > 0.4 && kept < 0.6, "the share a split-region dropout keeps (" + std::to_string(kept) + ")");
+  expect(torch::equal(tp::dropout(ones, 0.5, false, tp::Region::split, g), ones), "dropout outside training");
+  // the same region plain and checkpointed: the recompute repeats the split generator's draws
+  auto region = [&](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{tp::dropout(in[0] * 2, 0.3, true, tp::Region::split, g) + tp::dropout(in[0], 0.3, true, tp::Region::replicated, g)};
+  };
+  auto x1 = torch::randn({16, 8}).requires_grad_(true);
+  auto x2 = x1.detach().clone().requires_grad_(true);
+  {
+    std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator(), tp::split_region_generator()};
+    std::vector<at::Tensor> states;
+    for (auto& gen : gens) {
+      std::lock_guard<std::mutex> l(gen.mutex());
+      states.push_back(gen.get_state());
+    }
+    region({x1})[0].pow(2).sum().backward();
+    for (std::size_t i = 0; i < gens.size(); ++i) {
+      std::lock_guard<std::mutex> l(gens[i].mutex());
+      gens[i].set_state(states[i]);
+    }
+    mpx::checkpoint(region, {x2}, {})[0].pow(2).sum().backward();
+  }
+  expect(torch::equal(x1.grad(), x2.grad()), "the gradient of a checkpointed region with split-region dropout");
+  if (failures == 0 && g->rank == 0) std::cout << "dropout ok\n";
+  return failures == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv)
 {
   if (argc < 3) {
-    std::cerr << "usage: " << argv[0] << " ops|train|train-sp <out-dir>\n";
+    std::cerr << "usage: " << argv[0] << " ops|train|train-sp|dropout <out-dir>\n";
     return 2;
   }
   try {
@@ -159,6 +203,7 @@ int main(int argc, char** argv)
     tp::Scope scope(g);
     const std::string mode = argv[1];
     if (mode == "ops") return ops(g);
+    if (mode == "dropout") return dropout(g);
     if (mode == "train" || mode == "train-sp") return train(g, mode == "train-sp", argv[2]);
     std::cerr << "unknown mode " << mode << "\n";
     return 2;

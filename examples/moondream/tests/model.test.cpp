@@ -36,6 +36,10 @@ TEST_CASE("Configs load, derive the grid and reject inconsistent fields", "[moon
   CHECK(md2.text.qkv_dim() == 6144);
   CHECK(moondream::load_config("tiny").prefix() == 65);
   CHECK_THROWS_WITH(moondream::parse_config(R"({"vision": {"proj_out_dim": 100}})", "x.json"), Catch::Contains("must equal text.dim"));
+  // rot_dim omitted: half of each head rotates, as the reference asserts (rot_dim == 2 * (head_dim / 4))
+  const auto wide = moondream::parse_config(R"({"vision": {"proj_out_dim": 1024}, "text": {"dim": 1024, "n_heads": 8, "n_kv_heads": 8}})", "x.json");
+  CHECK(wide.text.head_dim() == 128);
+  CHECK(wide.text.rot_dim == 64);
   CHECK_THROWS_WITH(moondream::parse_config("{", "x.json"), Catch::Contains("not valid JSON"));
   CHECK_THROWS_WITH(moondream::load_config("nope"), Catch::Contains("shipped names"));
 }

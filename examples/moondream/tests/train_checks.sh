@@ -10,7 +10,8 @@
 #   resumetp: the same with the text stage tensor-parallel (each rank's shards and 8-bit AdamW state)
 #   restart:  10 seeded faults under --max-restarts end with the uninterrupted run's weights, bit for bit
 #   crashsave: a crash after each phase of a save leaves a checkpoint that --resume uses
-#   reshard:  a checkpoint of one layout (split, schedule) resumes in another with the same losses
+#   reshard:  a checkpoint of one layout (split, schedule, replicas, one process) resumes in another with the same losses
+#   reshardtp: the same between tensor-parallel degrees; the consolidated export is the whole model
 #   errors:   bad input stops with a message that names the fix
 #   demo:     the main job, short: trains from scratch on 2 ranks, then moondream_query answers
 # Usage: train_checks.sh CHECK MOONDREAM_TRAIN WORKDIR [MOONDREAM_QUERY]
@@ -84,8 +85,9 @@ case $check in
     ;;
   dp)
     "$train" "${small[@]}" --layout 1 --emulate-replicas 2 --steps 6 --metrics "$work/single.jsonl"
-    "$train" "${small[@]}" --layout 2x2 --steps 6 --metrics "$work/dp.jsonl"
+    "$train" "${small[@]}" --layout 2x2 --steps 6 --metrics "$work/dp.jsonl" --trace "$work/trace.json" | grep "bubble"
     compare "$work/single.jsonl" "$work/dp.jsonl"
+    python3 -c "import json, sys; t = json.load(open(sys.argv[1])); assert len(t['traceEvents']) > 0; print(len(t['traceEvents']), 'trace events')" "$work/trace.json"
     ;;
   tp)
     # the recipe's AdamW: losses and gradient norms; SGD with momentum: also every weight (AdamW turns a
@@ -98,6 +100,13 @@ case $check in
     "$train" "${small[@]}" --optimizer sgd --layout 2 --tp 2 --steps 10 --save "$work/tp" --metrics "$work/tp_sgd.jsonl"
     compare "$work/single_sgd.jsonl" "$work/tp_sgd.jsonl"
     weights "$work/single/model" "$work/tp/model" 1e-5
+    # the vision encoder split too (heads, MLP columns, projection): 4 ranks
+    "$train" "${small[@]}" --optimizer sgd --layout 2 --tp 2 --vision-tp 2 --steps 10 --save "$work/vtp" --metrics "$work/vtp_sgd.jsonl" | tee "$work/vtp.log"
+    grep -q "vision and text tensor-parallel over 2 ranks each), 4 ranks" "$work/vtp.log"
+    compare "$work/single_sgd.jsonl" "$work/vtp_sgd.jsonl"
+    weights "$work/single/model" "$work/vtp/model" 1e-5
+    "$train" "${small[@]}" --layout 2 --tp 2 --vision-tp 2 --steps 10 --metrics "$work/vtp.jsonl" > /dev/null
+    compare "$work/single.jsonl" "$work/vtp.jsonl"
     "$train" "${small[@]}" --layout 1 --emulate-replicas 2 --steps 6 --metrics "$work/single_dp.jsonl"
     "$train" "${small[@]}" --layout 2x2 --tp 2 --steps 6 --metrics "$work/dp_tp.jsonl"
     compare "$work/single_dp.jsonl" "$work/dp_tp.jsonl"
@@ -150,26 +159,56 @@ PY
       weights "$work/full$layout/model" "$work/run$seed/model" 0
     done
     ;;
-  reshard)
+  reshard|reshardtp)
     # a checkpoint saved in one layout resumes in another (tensors and optimizer state found by global
-    # parameter name): killed after its step-3 checkpoint, resumed in layout B, the run repeats the
-    # uninterrupted layout-A run's losses (fp32 AdamW: 1e-5; 8-bit AdamW: its state moves exactly, the
-    # layouts' last-bit differences grow through the quantised moments, shown against 1e-3)
-    reshard() {  # <A layout> <A schedule> <B layout> <B schedule> <optimizer> <tol>
-      local name=$1$2-$3$4-$5 opts=("${small[@]}" --optimizer "$5" --steps 6 --save-every 3)
-      "$train" "${opts[@]}" --layout "$1" --schedule "$2" --metrics "$work/$name.full.jsonl" > /dev/null
-      if MPX_FAULT=sigkill:0:3 "$train" "${opts[@]}" --layout "$1" --schedule "$2" --save "$work/$name" > "$work/$name.log" 2>&1; then
-        echo "the layout-$1 run was not killed"; exit 1
+    # parameter name; at another tensor-parallel degree the shards joined and re-cut): killed after its
+    # step-3 checkpoint, resumed in layout B, the run repeats the uninterrupted layout-A run's losses (fp32
+    # AdamW: 1e-5; 8-bit AdamW: its state moves exactly between splits, the layouts' last-bit differences
+    # grow through the quantised moments, shown against 1e-3; between degrees the moments are re-quantized)
+    reshard() {  # "<A flags>" "<B flags>" <optimizer> <tol>
+      local name; name=$(tr -c 'a-z0-9\n' _ <<<"$1-$2-$3" | tr -s _ | sed 's/^_//')
+      local opts=("${small[@]}" --optimizer "$3" --steps 6 --save-every 3)
+      # shellcheck disable=SC2086
+      "$train" "${opts[@]}" $1 --metrics "$work/$name.full.jsonl" > /dev/null
+      # shellcheck disable=SC2086
+      if MPX_FAULT=sigkill:0:3 "$train" "${opts[@]}" $1 --save "$work/$name" > "$work/$name.log" 2>&1; then
+        echo "the run ($1) was not killed"; exit 1
       fi
-      "$train" "${opts[@]}" --layout "$3" --schedule "$4" --resume "$work/$name" --metrics "$work/$name.resumed.jsonl" | grep "resumed from"
-      echo "layout $1 ($2) -> layout $3 ($4), $5:"
-      compare "$work/$name.full.jsonl" "$work/$name.resumed.jsonl" 3 "$6" | tail -n 1
+      # shellcheck disable=SC2086
+      "$train" "${opts[@]}" $2 --resume "$work/$name" --metrics "$work/$name.resumed.jsonl" | grep "resumed from"
+      echo "$1 -> $2, $3:"
+      compare "$work/$name.full.jsonl" "$work/$name.resumed.jsonl" 3 "$4" | tail -n 1
     }
-    reshard 2 1f1b 4 1f1b adamw 1e-5
-    reshard 4 1f1b 2 1f1b adamw 1e-5
-    reshard 2 1f1b 2 zbh1 adamw 1e-5
-    reshard 2x2 1f1b 2x2 gpipe adamw 1e-5
-    reshard 2 1f1b 4 zbh1 adamw8bit 1e-3
+    if [ "$check" = reshard ]; then
+      reshard "--layout 2" "--layout 4" adamw 1e-5
+      reshard "--layout 4" "--layout 2" adamw 1e-5
+      reshard "--layout 2" "--layout 2 --schedule zbh1" adamw 1e-5
+      reshard "--layout 2x2" "--layout 2x2 --schedule gpipe" adamw 1e-5
+      reshard "--layout 2" "--layout 4 --schedule zbh1" adamw8bit 1e-3
+      # pipeline <-> one process (layout 1 writes the same format: its vision and text as stages 0 and 1)
+      reshard "--layout 2" "--layout 1" adamw 1e-5
+      reshard "--layout 1" "--layout 4" adamw 1e-5
+      reshard "--layout 2x2" "--layout 1 --emulate-replicas 2" adamw 1e-5
+      # another replica count changes the global batch: 2x2's checkpoint resumed by 1x2 and by one process
+      # (the same samples) give the same losses
+      "$train" "${small[@]}" --optimizer adamw --steps 6 --layout 2 --resume "$work/layout_2x2_layout_1_emulate_replicas_2_adamw" \
+        --metrics "$work/to1x2.jsonl" | grep "resumed from"
+      "$train" "${small[@]}" --optimizer adamw --steps 6 --layout 1 --resume "$work/layout_2x2_layout_1_emulate_replicas_2_adamw" \
+        --metrics "$work/to1.jsonl" > /dev/null
+      echo "2x2 -> 1x2 against 2x2 -> one process:"
+      compare "$work/to1.jsonl" "$work/to1x2.jsonl" 3 | tail -n 1
+    else
+      reshard "--layout 2 --tp 2" "--layout 2" adamw 1e-5
+      reshard "--layout 2" "--layout 2 --tp 2" adamw 1e-5
+      reshard "--layout 2 --tp 2" "--layout 1" adamw 1e-5
+      reshard "--layout 2 --tp 2" "--layout 2" adamw8bit 1e-3
+      reshard "--layout 2 --tp 2 --vision-tp 2" "--layout 2 --vision-tp 2" adamw 1e-5
+      # the consolidated export of a tensor-parallel checkpoint is the whole model, bit for bit
+      "$train" "${small[@]}" --layout 2 --tp 2 --steps 2 --save "$work/export" > /dev/null
+      "${MPX_CHECKPOINT_EXE:?set by CTest: the mpx_checkpoint tool}" info "$work/export/checkpoint" | tail -n 1
+      "$MPX_CHECKPOINT_EXE" export "$work/export/checkpoint" "$work/export/whole.safetensors"
+      weights "$work/export/model" "$work/export/whole.safetensors" 0
+    fi
     ;;
   crashsave)
     # a crash after each phase of a save (state_io.hpp) leaves a checkpoint that --resume finds and uses
@@ -202,12 +241,14 @@ PY
     expect "shipped names" "$train" "${small[@]}" --layout 1 --steps 1 --config nope
     "$train" "${small[@]}" --layout 2 --steps 1 --save "$work/ok"
     expect "mis-shaped" "$train" "${small[@]}" --layout 1 --steps 1 --config tiny-reference --weights "$work/ok/model"
-    expect "split by another tensor-parallel degree" "$train" "${small[@]}" --layout 2 --tp 2 --steps 2 --resume "$work/ok"
+    cp -r "$work/ok" "$work/noshard" && rm "$work/noshard/checkpoint/step-00000001/stage1.optimizer.safetensors"
+    expect "stage1.optimizer.safetensors is missing" "$train" "${small[@]}" --layout 2 --tp 2 --steps 2 --resume "$work/noshard"
     expect "does not match this model" "$train" "${small[@]}" --layout 2 --steps 2 --config tiny-reference --resume "$work/ok"
     cp -r "$work/ok" "$work/corrupt" && head -c 100 "$work/ok/checkpoint/step-00000001/stage1.safetensors" > "$work/corrupt/checkpoint/step-00000001/stage1.safetensors"
     expect "stage1.safetensors has 100 bytes" "$train" "${small[@]}" --layout 2 --steps 2 --resume "$work/corrupt"
     cmp "$work/ok/checkpoint/step-00000001/manifest.json" "$work/corrupt/checkpoint/step-00000001/manifest.json"  # a failed resume writes nothing
     expect "use --layout 2, 4 or 2x2" "$train" "${small[@]}" --layout 1 --steps 1 --max-restarts 1
+    expect "splits the vision stage of layout 2 or 2x2" "$train" "${small[@]}" --layout 4 --vision-tp 2 --steps 1
     # two ranks started with a different setting (seed, micro-batch size, config): both stop before step 1,
     # naming the setting and both values
     mismatch() {  # <setting> <rank 0's value> <rank 1's value> <the values as the message shows them, rank 0 then 1>

@@ -282,8 +282,9 @@ class AdamW8bitOptimizer : public torch::optim::Optimizer
     if (s.m.defined()) return {{"step", torch::tensor(s.step, torch::kLong)}, {"m", s.m}, {"v", s.v}};
     return {{"step", torch::tensor(s.step, torch::kLong)}, {"m8", s.m8.codes}, {"m8max", s.m8.absmax}, {"v8", s.v8.codes}, {"v8max", s.v8.absmax}};
   }
-  /// Sets parameter `p`'s state from what `param_state` gave (onto the parameter's device); a `config_error`
-  /// when a field is missing or mis-sized.
+  /// Sets parameter `p`'s state from what `param_state` gave (onto the parameter's device), or from fp32
+  /// moments `m`, `v` for any parameter (quantized here when it is large); a `config_error` when a field is
+  /// missing or mis-sized.
   void set_param_state(const at::Tensor& p, const std::map<std::string, at::Tensor>& f)
   {
     auto get = [&](const char* k, std::int64_t numel) {
@@ -297,6 +298,9 @@ class AdamW8bitOptimizer : public torch::optim::Optimizer
     s.step = get("step", 1).item<std::int64_t>();
     if (p.numel() < min_8bit_) {
       s.m = get("m", p.numel()).view(p.sizes()), s.v = get("v", p.numel()).view(p.sizes());
+    } else if (!f.count("m8") && f.count("m")) {  // fp32 moments (re-cut for another split): quantized here
+      s.m8 = quantize(get("m", p.numel()), detail::signed_code()), s.v8 = quantize(get("v", p.numel()), detail::unsigned_code());
+      s.m8.codes = s.m8.codes.reshape(-1), s.v8.codes = s.v8.codes.reshape(-1);
     } else {
       const std::int64_t blocks = (p.numel() + quant_block - 1) / quant_block;
       s.m8.codes = get("m8", blocks * quant_block), s.m8.absmax = get("m8max", blocks);

@@ -6,9 +6,11 @@
 /// forward restored, so dropout masks repeat and the gradients equal those of the plain run. The
 /// parameters are explicit inputs of the autograd function, so their gradients flow through the engine:
 /// it works under `backward()` and `autograd::grad()` alike (and so under the B/W split).
-/// The generators saved and restored are the CPU one and, for every CUDA device an input lives on, that
-/// device's (dropout on a GPU draws from it). `Stage<..., Checkpointed>` wraps the stage's forward in it;
+/// The generators saved and restored are the CPU one, tensor parallelism's split-region one (tp/dropout.hpp)
+/// and, for every CUDA device an input lives on, that device's (dropout on a GPU draws from it). `Stage<..., Checkpointed>` wraps the stage's forward in it;
 /// `Stage<..., CheckpointBlocks>` turns on `checkpoint_block`, with which a module marks its blocks.
+
+#include <mpx/tp/dropout.hpp>  // mpx::tp::split_region_generator
 
 #include <torch/torch.h>  // torch::autograd::Function, at::detail::getDefaultCPUGenerator, at::globalContext
 
@@ -22,10 +24,10 @@ namespace mpx
 
 namespace detail
 {
-/// The generators a region on `inputs` draws from: CPU's, and each CUDA device's that an input is on.
+/// The generators a region on `inputs` draws from: CPU's, split regions', and each CUDA device's that an input is on.
 inline std::vector<at::Generator> generators_of(at::TensorList inputs)
 {
-  std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator()};
+  std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator(), tp::split_region_generator()};
   std::vector<c10::DeviceIndex> seen;
   for (const auto& t : inputs)
     if (t.defined() && t.is_cuda() && std::find(seen.begin(), seen.end(), t.device().index()) == seen.end()) {

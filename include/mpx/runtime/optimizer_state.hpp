@@ -30,6 +30,20 @@ namespace detail
 {
 /// How LibTorch's optimizers key a parameter's state.
 inline std::string optimizer_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+/// Whether `opt` is a kind whose state `named_optimizer_state` names (else it keeps LibTorch's archive).
+inline bool knows_optimizer(torch::optim::Optimizer& opt)
+{
+  return dynamic_cast<AdamW8bitOptimizer*>(&opt) || dynamic_cast<torch::optim::AdamW*>(&opt) || dynamic_cast<torch::optim::SGD*>(&opt);
+}
+
+/// The 8-bit moment fields of one parameter (`m8`/`m8max` or `v8`/`v8max`) as the fp32 moment they hold,
+/// in `shape`: what moves to a parameter cut another way (`set_param_state` takes fp32 `m`, `v`).
+inline at::Tensor dense_moment(const at::Tensor& codes, const at::Tensor& absmax, at::IntArrayRef shape, bool is_signed)
+{
+  const Quantized q{codes.reshape({-1, quant_block}), absmax, c10::multiply_integers(shape)};
+  return dequantize(q, is_signed ? signed_code() : unsigned_code(), shape);
+}
 }  // namespace detail
 
 /// `opt`'s state of `params` (name → parameter) as named tensors, or nothing for an optimizer kind this

@@ -75,6 +75,7 @@ class StageSet
     sequence_parallel_.assign(N, false);
     inputs_.resize(N);
     tp::Scope scope(tp_);
+    tp::seed_split_regions(at::detail::getDefaultCPUGenerator().current_seed(), tp_->rank);  // per-rank dropout streams
     for (int s = 0; s < N; ++s) visit(s, [&](auto i) { build<decltype(i)::value>(make); });
   }
 
@@ -159,6 +160,27 @@ class StageSet
     return out;
   }
   static constexpr const char* buffer_prefix = "buffer.";
+  /// How stage s's split parameters are cut on this rank (at a tensor-parallel degree above 1), under the
+  /// names `state` gives them: what a checkpoint records so that it loads into another degree.
+  std::map<std::string, tp::Split> splits(int s)
+  {
+    std::map<std::string, tp::Split> out;
+    visit(s, [&](auto i) {
+      auto& m = impl(*std::get<decltype(i)::value>(modules_));
+      std::map<const c10::TensorImpl*, tp::Split> by_tensor;
+      const auto split = tp::split_parameters(m);
+      for (const auto& p : m.named_parameters())
+        for (auto& [name, sp] : split)
+          if (name == p.key()) by_tensor[p.value().unsafeGetTensorImpl()] = sp;
+      for (auto& [name, t] : state(s))
+        if (auto it = by_tensor.find(t.unsafeGetTensorImpl()); it != by_tensor.end()) out[name] = it->second;
+    });
+    return out;
+  }
+  /// This rank's place in its stages' tensor-parallel group, and the group's size.
+  int tp_rank() const { return tp_->rank; }
+  int tp_size() const { return tp_->size; }
+
   /// Whether stage s's module names its parameters globally (`named_weights()`, see `state`).
   static bool global_names(int s)
   {

@@ -7,7 +7,7 @@
 /// ```
 /// root/step-00000006/stage<I>[.tp<k>of<N>].safetensors            parameters and buffers (replica 0 writes them)
 ///                    stage<I>[...].optimizer.safetensors            its optimizer state, `<parameter>/<field>`
-///                    rank<r>.rng.safetensors                        rank r's random generator
+///                    rank<r>.rng.safetensors                        rank r's random generators (CPU, tensor-parallel split regions)
 ///                    trainer.json                                   step, loss scaler
 ///                    manifest.json                                  every file's bytes, XXH3-64 and tensor names, written last
 /// root/latest                                                       "step-00000006": the newest complete checkpoint
@@ -16,7 +16,12 @@
 /// Parameters are saved under their global names when the stage's module declares `named_weights()`
 /// (stage_set.hpp), and the optimizer state under the same names (optimizer_state.hpp; an optimizer kind
 /// mpx does not know keeps LibTorch's archive, `.optimizer.pt`), so a checkpoint loads into another
-/// pipeline split, schedule or replica count: each rank finds its tensors by name through the manifest.
+/// pipeline split, schedule, replica count or tensor-parallel degree, or into one process: each rank finds
+/// its tensors by name through the manifest. A tensor-parallel shard's file records how each split
+/// parameter was cut (`tp::Split`: dimension, fused parts); at another degree the saved shards are joined
+/// and this rank's shard cut from them, the optimizer state with them (8-bit moments through fp32).
+/// `save_local_checkpoint` / `load_local_checkpoint` do the same for a model trained in one process, and
+/// `export_checkpoint_weights` writes any checkpoint's whole weights as one safetensors file.
 ///
 /// The phases of a save (a crash between any two system calls leaves a complete checkpoint that `latest`
 /// names): 0 `step-N.partial/` made; 1 this rank's files written and fsynced; 2 the manifest written
@@ -42,8 +47,10 @@
 #include <mpx/runtime/stage_optimizers.hpp> // mpx::StageOptimizers
 #include <mpx/runtime/stage_set.hpp>        // mpx::StageSet
 #include <mpx/runtime/world.hpp>            // mpx::World, mpx::barrier
+#include <mpx/tp/layers.hpp>                 // mpx::tp::Split, join, shard
 
 #include <nlohmann/json.hpp>  // nlohmann::json
+#include <torch/csrc/distributed/c10d/HashStore.hpp>  // c10d::HashStore (a one-process checkpoint's store)
 #include <torch/torch.h>      // at::detail::getDefaultCPUGenerator
 #define XXH_INLINE_ALL
 #include <xxhash.h>  // XXH3_64bits (libxxhash-dev)
@@ -55,6 +62,7 @@
 #include <cstdio>      // std::snprintf
 #include <filesystem>  // std::filesystem
 #include <fstream>     // std::ifstream, std::ofstream
+#include <functional>  // std::function
 #include <cctype>      // std::isdigit
 #include <map>         // std::map
 #include <optional>    // std::optional
@@ -73,6 +81,14 @@ struct TrainingState
   double loss_scale = 1;  ///< the loss scaler's current scale
   long skipped = 0;       ///< steps skipped for inf/NaN gradients
   long good_steps = 0;    ///< good steps since the scale last changed
+};
+
+/// One part of a model trained in one process, as a pipeline stage would hold it: its tensors under the
+/// model's global names, and its optimizer (null: it does not train).
+struct LocalPart
+{
+  std::map<std::string, at::Tensor> tensors;
+  torch::optim::Optimizer* optimizer = nullptr;
 };
 
 namespace detail
@@ -116,17 +132,32 @@ inline void write_durably(const std::string& path, const std::string& text)
   sync_path(fs::path(path).parent_path().string());
 }
 
-/// A file's size, XXH3-64 (as 16 hex digits; empty when checksums are off) and the tensors it holds.
+/// A file's size, XXH3-64 (as 16 hex digits; empty when checksums are off), the tensors it holds, and for
+/// a stage file how its tensors are named and how the split ones are cut (tensor parallelism).
 struct FileSum
 {
   std::uintmax_t bytes = 0;
   std::string xxh3;
   std::vector<std::string> tensors;
+  bool global_names = false;                ///< named by the model's global names (else within the stage)
+  std::map<std::string, tp::Split> splits;  ///< the split parameters: how this file's shard was cut
 };
-inline nlohmann::json to_json(const FileSum& f) { return {{"bytes", f.bytes}, {"xxh3", f.xxh3}, {"tensors", f.tensors}}; }
+inline nlohmann::json to_json(const FileSum& f)
+{
+  nlohmann::json j = {{"bytes", f.bytes}, {"xxh3", f.xxh3}, {"tensors", f.tensors}};
+  if (f.global_names) j["global_names"] = true;
+  for (auto& [name, sp] : f.splits) j["splits"][name] = {{"dim", sp.dim}, {"parts", sp.parts}};
+  return j;
+}
 inline FileSum from_json(const nlohmann::json& e)
 {
-  return {e.at("bytes").get<std::uintmax_t>(), e.at("xxh3").get<std::string>(), e.value("tensors", std::vector<std::string>{})};
+  FileSum f;
+  f.bytes = e.at("bytes").get<std::uintmax_t>(), f.xxh3 = e.at("xxh3").get<std::string>();
+  f.tensors = e.value("tensors", std::vector<std::string>{}), f.global_names = e.value("global_names", false);
+  if (e.contains("splits"))
+    for (auto& [name, sp] : e.at("splits").items())
+      f.splits[name] = tp::Split{name, sp.at("dim").get<int64_t>(), sp.at("parts").get<std::vector<int64_t>>()};
+  return f;
 }
 inline FileSum sum_file(const std::string& path, bool checksum)
 {
@@ -188,43 +219,86 @@ inline std::map<std::string, at::Tensor> trainable_of(const std::map<std::string
   return out;
 }
 
+/// One stage this rank holds, as a checkpoint sees it: its tensors by name, how the split ones are cut, and
+/// its optimizer. A pipeline's come from its StageSet (`slots_of`); a one-process model's from its parts.
+struct StageSlot
+{
+  int stage = 0;
+  std::string shard;  ///< "" at tensor-parallel degree 1, else ".tp<k>of<N>"
+  int tp_rank = 0, tp_size = 1;
+  bool global_names = false;  ///< the module names its parameters globally (they may move to another stage)
+  std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, tp::Split> splits;
+  torch::optim::Optimizer* optimizer = nullptr;                      ///< none: the stage does not train here
+  std::function<void(const std::string&)> save_archive, load_archive;  ///< an optimizer kind mpx does not know
+};
+
+template <PipelineType P>
+std::vector<StageSlot> slots_of(StageSet<P>& stages, StageOptimizers& optimizers)
+{
+  std::vector<StageSlot> out;
+  for (int s = 0; s < P::num_stages; ++s) {
+    if (!stages.holds(s)) continue;
+    StageSlot x;
+    x.stage = s, x.shard = stages.shard_suffix(), x.tp_rank = stages.tp_rank(), x.tp_size = stages.tp_size();
+    x.global_names = StageSet<P>::global_names(s), x.tensors = stages.state(s), x.splits = stages.splits(s);
+    if (optimizers.has(s)) {
+      x.optimizer = &optimizers.at(s);
+      x.save_archive = [&optimizers, s](const std::string& f) { optimizers.save(s, f); };
+      x.load_archive = [&optimizers, s](const std::string& f) { optimizers.load(s, f); };
+    }
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+/// A one-process model's parts as the stages of a checkpoint (see `save_local_checkpoint`).
+inline std::vector<StageSlot> local_slots(const std::vector<LocalPart>& parts)
+{
+  std::vector<StageSlot> out;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    StageSlot x;
+    x.stage = int(i), x.global_names = true, x.tensors = parts[i].tensors, x.optimizer = parts[i].optimizer;
+    x.save_archive = x.load_archive = [](const std::string& f) {
+      throw config_error("mpx: " + f + ": a one-process checkpoint needs an optimizer whose state mpx names (AdamW, AdamW8bit, SGD)");
+    };
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
 /// This rank's files of a save, written into `dir`: replica 0's stages (tensors, optimizer state) and every
 /// rank's random generator. Returns them with their sums and tensor names.
-template <PipelineType P>
-std::map<std::string, FileSum> write_rank_files(World& w, const std::string& dir, StageSet<P>& stages, StageOptimizers& optimizers,
-                                                long step, bool checksums)
+inline std::map<std::string, FileSum> write_rank_files(World& w, const std::string& dir, const std::vector<StageSlot>& slots, long step,
+                                                       bool checksums)
 {
   std::map<std::string, FileSum> out;
   const std::map<std::string, std::string> meta{{"format", "pt"}, {"step", std::to_string(step)}};
-  auto write = [&](const std::string& name, const std::map<std::string, at::Tensor>& tensors) {
+  auto write = [&](const std::string& name, const std::map<std::string, at::Tensor>& tensors, const StageSlot* slot) {
     save_safetensors(dir + "/" + name, tensors, meta);
     sync_path(dir + "/" + name);
     out[name] = sum_file(dir + "/" + name, checksums);
     for (auto& [k, t] : tensors) out[name].tensors.push_back(k);
+    if (slot) out[name].global_names = slot->global_names, out[name].splits = slot->splits;
   };
   if (w.replica == 0)
-    for (int s = 0; s < P::num_stages; ++s) {
-      if (!stages.holds(s)) continue;
-      const std::string shard = stages.shard_suffix();  // a tensor-parallel rank's shard: ".tp<k>of<N>"
-      const auto tensors = stages.state(s);
-      write(stage_file(s, shard, ".safetensors"), tensors);
-      if (!optimizers.has(s)) continue;
-      if (auto named = named_optimizer_state(optimizers.at(s), trainable_of(tensors))) {
-        write(stage_file(s, shard, ".optimizer.safetensors"), *named);
+    for (auto& slot : slots) {
+      write(stage_file(slot.stage, slot.shard, ".safetensors"), slot.tensors, &slot);
+      if (!slot.optimizer) continue;
+      if (auto named = named_optimizer_state(*slot.optimizer, trainable_of(slot.tensors))) {
+        write(stage_file(slot.stage, slot.shard, ".optimizer.safetensors"), *named, &slot);
       } else {  // an optimizer mpx does not know: LibTorch's archive (resumes only in the same layout)
-        const std::string pt = stage_file(s, shard, ".optimizer.pt");
-        optimizers.save(s, dir + "/" + pt);
+        const std::string pt = stage_file(slot.stage, slot.shard, ".optimizer.pt");
+        slot.save_archive(dir + "/" + pt);
         sync_path(dir + "/" + pt);
         out[pt] = sum_file(dir + "/" + pt, checksums);
       }
     }
-  at::Generator g = at::detail::getDefaultCPUGenerator();
-  at::Tensor rng;
-  {
+  auto state_of = [](at::Generator g) {
     std::lock_guard<std::mutex> lock(g.mutex());
-    rng = g.get_state();
-  }
-  write(rng_file(w.env.rank), {{"cpu", rng}});
+    return g.get_state();
+  };
+  write(rng_file(w.env.rank), {{"cpu", state_of(at::detail::getDefaultCPUGenerator())}, {"tp_split", state_of(tp::split_region_generator())}}, nullptr);
   return out;
 }
 
@@ -256,15 +330,15 @@ inline void prune_checkpoints(const std::string& root, int keep, const std::stri
 }
 }  // namespace detail
 
-/// Saves the training state as a new checkpoint under `root` (see the file comment). Every rank calls it.
-template <PipelineType P>
-void save_training_state(World& w, const std::string& root, StageSet<P>& stages, StageOptimizers& optimizers, const TrainingState& t,
-                         const CheckpointOptions& co = {})
+namespace detail
 {
-  namespace fs = std::filesystem;
+/// A save (see the file comment) of `slots`, this rank's stages of a model identified by `fingerprint`.
+inline void save_checkpoint(World& w, const std::string& root, const std::vector<StageSlot>& slots, const std::string& fingerprint,
+                            int num_stages, const TrainingState& t, const CheckpointOptions& co)
+{
   static long saves = 0;  // every rank saves in the same order: the store keys of a save are never reused
   const std::string key = "mpx/save/" + std::to_string(saves++) + "/";
-  const std::string name = detail::step_dir_name(t.step), final_dir = root + "/" + name, tmp = final_dir + ".partial";
+  const std::string name = step_dir_name(t.step), final_dir = root + "/" + name, tmp = final_dir + ".partial";
   const bool lead = w.env.rank == 0;
   if (lead) {
     fs::create_directories(root);
@@ -273,37 +347,46 @@ void save_training_state(World& w, const std::string& root, StageSet<P>& stages,
   }
   inject_fault(FaultPoint::save, w.env.rank, t.step, 0);
   barrier(w, "save: directory");
-  const auto mine = detail::write_rank_files(w, tmp, stages, optimizers, t.step, co.checksums);
+  const auto mine = write_rank_files(w, tmp, slots, t.step, co.checksums);
   nlohmann::json published = nlohmann::json::object();
-  for (auto& [file, sum] : mine) published[file] = detail::to_json(sum);
+  for (auto& [file, sum] : mine) published[file] = to_json(sum);
   const std::string text = published.dump();
   w.store->set(key + std::to_string(w.env.rank), std::vector<uint8_t>(text.begin(), text.end()));
   inject_fault(FaultPoint::save, w.env.rank, t.step, 1);
   barrier(w, "save: files");
   if (lead) {
-    auto files = detail::gather_sums(w, key);
+    auto files = gather_sums(w, key);
     const nlohmann::json trainer = {{"step", t.step}, {"loss_scale", t.loss_scale}, {"skipped", t.skipped}, {"good_steps", t.good_steps}};
-    detail::write_durably(tmp + "/trainer.json", trainer.dump(1) + "\n");
-    files["trainer.json"] = detail::sum_file(tmp + "/trainer.json", co.checksums);
-    nlohmann::json m = {{"format", detail::checkpoint_format}, {"step", t.step}, {"fingerprint", std::to_string(fingerprint_v<P>)},
-                        {"stages", P::num_stages},         {"world_size", w.env.world_size}, {"replicas", w.replicas},
+    write_durably(tmp + "/trainer.json", trainer.dump(1) + "\n");
+    files["trainer.json"] = sum_file(tmp + "/trainer.json", co.checksums);
+    nlohmann::json m = {{"format", checkpoint_format}, {"step", t.step}, {"fingerprint", fingerprint},
+                        {"stages", num_stages},         {"world_size", w.env.world_size}, {"replicas", w.replicas},
                         {"checksum", co.checksums ? "xxh3-64" : "none"}, {"files", nlohmann::json::object()}};
-    for (auto& [file, sum] : files) m["files"][file] = detail::to_json(sum);
-    detail::write_durably(tmp + "/manifest.json", m.dump(1) + "\n");  // last: the directory is complete
+    for (auto& [file, sum] : files) m["files"][file] = to_json(sum);
+    write_durably(tmp + "/manifest.json", m.dump(1) + "\n");  // last: the directory is complete
     inject_fault(FaultPoint::save, w.env.rank, t.step, 2);
     const std::string old = final_dir + ".old";  // saving a step again: the earlier copy goes only once this one is in place
     fs::remove_all(old);
     if (fs::exists(final_dir)) fs::rename(final_dir, old);
     fs::rename(tmp, final_dir);
-    detail::sync_path(root);
+    sync_path(root);
     fs::remove_all(old);
     inject_fault(FaultPoint::save, w.env.rank, t.step, 3);
-    detail::write_durably(root + "/latest", name + "\n");
+    write_durably(root + "/latest", name + "\n");
     inject_fault(FaultPoint::save, w.env.rank, t.step, 4);
-    detail::prune_checkpoints(root, co.keep, name);
+    prune_checkpoints(root, co.keep, name);
     inject_fault(FaultPoint::save, w.env.rank, t.step, 5);
   }
   barrier(w, "save: done");
+}
+}  // namespace detail
+
+/// Saves the training state as a new checkpoint under `root` (see the file comment). Every rank calls it.
+template <PipelineType P>
+void save_training_state(World& w, const std::string& root, StageSet<P>& stages, StageOptimizers& optimizers, const TrainingState& t,
+                         const CheckpointOptions& co = {})
+{
+  detail::save_checkpoint(w, root, detail::slots_of(stages, optimizers), std::to_string(fingerprint_v<P>), P::num_stages, t, co);
 }
 
 namespace detail
@@ -394,20 +477,33 @@ inline std::string verified(const Manifest& m, const std::string& name, const Ch
   return f;
 }
 
-/// The tensor-parallel shard a stage file holds: "" for a whole stage, ".tp0of2" (the part between the
-/// stage number and ".safetensors" / ".optimizer.safetensors"); nullopt for a file that is no stage file.
-inline std::optional<std::string> stage_file_shard(const std::string& name, const std::string& tail)
+/// A stage file's name taken apart: its stage, and its tensor-parallel shard ("" or ".tp<k>of<N>", the part
+/// between the stage number and `tail`, ".safetensors" or ".optimizer.safetensors"), with k and N.
+struct StageFileName
+{
+  int stage = 0;
+  std::string shard;
+  int tp_rank = 0, tp_size = 1;
+};
+inline std::optional<StageFileName> parse_stage_file(const std::string& name, const std::string& tail)
 {
   if (name.rfind("stage", 0) != 0 || !name.ends_with(tail) || name.size() <= 5 + tail.size()) return std::nullopt;
   std::size_t i = 5;
   while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
-  const std::string shard = name.substr(i, name.size() - tail.size() - i);
-  if (i == 5 || (!shard.empty() && shard.rfind(".tp", 0) != 0) || shard.find(".optimizer") != std::string::npos) return std::nullopt;
-  return shard;
+  if (i == 5 || i - 5 > 6) return std::nullopt;
+  StageFileName out;
+  out.stage = std::stoi(name.substr(5, i - 5)), out.shard = name.substr(i, name.size() - tail.size() - i);
+  if (out.shard.empty()) return out;
+  int k = -1, n = -1, used = 0;
+  if (std::sscanf(out.shard.c_str(), ".tp%dof%d%n", &k, &n, &used) != 2 || used != int(out.shard.size()) || n < 1 || k < 0 || k >= n)
+    return std::nullopt;
+  out.tp_rank = k, out.tp_size = n;
+  return out;
 }
 
 /// The checkpoint's stage files read by tensor name, for one rank: which file holds a tensor of this
-/// rank's shard (`shard`), and the files read so far (verified once, kept mapped).
+/// rank's shard (`shard`), which files hold it cut at another tensor-parallel degree, and the files read so
+/// far (verified once, kept).
 class CheckpointReader
 {
  public:
@@ -415,16 +511,35 @@ class CheckpointReader
       : m_(m), shard_(std::move(shard)), co_(co)
   {
     for (auto& [file, sum] : m.files) {
-      const auto sh = stage_file_shard(file, tail);
-      if (!sh) continue;
-      for (auto& t : sum.tensors) (*sh == shard_ ? here_ : elsewhere_)[t] = file;
+      const auto sf = parse_stage_file(file, tail);
+      if (!sf) continue;
+      for (auto& t : sum.tensors) {
+        if (sf->shard == shard_) here_[t] = file;
+        everywhere_[t].push_back({file, *sf});
+      }
     }
   }
-  /// The file that holds `name` for this rank, or "" (and in `other`, a file of another shard that does).
-  std::string file_of(const std::string& name, std::string* other = nullptr) const
+  /// The file that holds `name` for this rank's shard, or "".
+  std::string file_of(const std::string& name) const
   {
-    if (auto it = here_.find(name); it != here_.end()) return it->second;
-    if (auto it = elsewhere_.find(name); other && it != elsewhere_.end()) *other = it->second;
+    auto it = here_.find(name);
+    return it == here_.end() ? std::string() : it->second;
+  }
+  /// The files that hold `name` at one tensor-parallel degree, one per shard in rank order (the smallest
+  /// degree with every shard; within stage `stage` only, when it is not -1); empty when there are none.
+  std::vector<std::string> pieces(const std::string& name, int stage = -1) const
+  {
+    auto it = everywhere_.find(name);
+    if (it == everywhere_.end()) return {};
+    std::map<int, std::map<int, std::string>> by_degree;
+    for (auto& [file, sf] : it->second)
+      if (stage < 0 || sf.stage == stage) by_degree[sf.tp_size][sf.tp_rank] = file;
+    for (auto& [n, files] : by_degree)
+      if (int(files.size()) == n) {
+        std::vector<std::string> out;
+        for (auto& [k, f] : files) out.push_back(f);
+        return out;
+      }
     return {};
   }
   /// Tensor `name` of `file` (verified and read on first use).
@@ -451,9 +566,7 @@ class CheckpointReader
   std::vector<std::string> all_names() const
   {
     std::vector<std::string> out;
-    for (auto& [n, f] : here_) out.push_back(n);
-    for (auto& [n, f] : elsewhere_)
-      if (!here_.count(n)) out.push_back(n);
+    for (auto& [n, f] : everywhere_) out.push_back(n);
     return out;
   }
 
@@ -461,21 +574,79 @@ class CheckpointReader
   const Manifest& m_;
   std::string shard_;
   CheckpointOptions co_;
-  std::map<std::string, std::string> here_, elsewhere_;
+  std::map<std::string, std::string> here_;
+  std::map<std::string, std::vector<std::pair<std::string, StageFileName>>> everywhere_;
   std::map<std::string, Safetensors> open_;
 };
 
-/// The file tensor `k` of a stage is read from: by name anywhere in the checkpoint when the stage's module
-/// names its parameters globally, else (and for buffers, whose names are the module's) only in the stage's
-/// own file `own` — module names repeat across stages, and another stage's tensor of the same name and
-/// shape must never be taken silently.
-inline std::string locate(const Manifest& m, const CheckpointReader& rd, const std::string& k, const std::string& own, bool global,
-                          std::string* other = nullptr)
+inline bool is_buffer_name(const std::string& k) { return k.rfind("buffer.", 0) == 0; }
+
+/// How parameter `param` was cut in the files `pieces` (null: whole in each).
+inline const tp::Split* saved_split(const Manifest& m, const std::vector<std::string>& pieces, const std::string& param)
 {
-  if (global && k.rfind("buffer.", 0) != 0) return rd.file_of(k, other);
-  auto it = m.files.find(own);
-  if (it == m.files.end()) return {};
-  return std::find(it->second.tensors.begin(), it->second.tensors.end(), k) != it->second.tensors.end() ? own : std::string();
+  if (pieces.size() < 2) return nullptr;
+  const auto f = m.files.find(pieces[0]);
+  if (f == m.files.end()) return nullptr;
+  const auto it = f->second.splits.find(param);
+  return it == f->second.splits.end() ? nullptr : &it->second;
+}
+inline const tp::Split* split_of(const std::map<std::string, tp::Split>& splits, const std::string& param)
+{
+  const auto it = splits.find(param);
+  return it == splits.end() ? nullptr : &it->second;
+}
+
+/// A tensor cut at another tensor-parallel degree, re-cut for shard `rank` of `size`: the saved shards
+/// `pieces` joined under `saved` (when it was split; a tensor without a split dimension, a step count, is
+/// whole in each), then this shard cut under `mine` (when it is split here).
+inline at::Tensor recut(const std::vector<at::Tensor>& pieces, const tp::Split* saved, const tp::Split* mine, int rank, int size)
+{
+  const at::Tensor full = saved && pieces.at(0).dim() > saved->dim ? tp::join(pieces, *saved) : pieces.at(0);
+  return mine && full.dim() > mine->dim ? tp::shard(full, *mine, rank, size) : full;
+}
+
+/// Stage `slot`'s tensor `k` from the checkpoint: from this rank's own shard when it is there, else re-cut
+/// from the shards of another tensor-parallel degree (a globally named parameter from any stage; a buffer,
+/// or a parameter named within its stage, from the same stage only: names repeat across stages, and another
+/// stage's tensor of the same name and shape must never be taken silently). Undefined when absent.
+inline at::Tensor find_tensor(const Manifest& m, CheckpointReader& rd, const StageSlot& slot, const std::string& k, std::string& from)
+{
+  const bool anywhere = slot.global_names && !is_buffer_name(k);
+  const std::string own = stage_file(slot.stage, slot.shard, ".safetensors");
+  if (const std::string f = rd.file_of(k); !f.empty() && (anywhere || f == own)) return from = f, rd.get(f, k);
+  const auto files = rd.pieces(k, anywhere ? -1 : slot.stage);
+  if (files.empty()) return {};
+  from = files[0];
+  std::vector<at::Tensor> ps;
+  for (auto& f : files) ps.push_back(rd.get(f, k));
+  return recut(ps, saved_split(m, files, k), split_of(slot.splits, k), slot.tp_rank, slot.tp_size);
+}
+
+/// Optimizer state `k` = "<parameter>/<field>" of stage `slot` (see `find_tensor`); 8-bit moments cut
+/// another way move as the fp32 moments they hold (`m`, `v`), re-quantized by the optimizer.
+inline at::Tensor find_moment(const Manifest& m, CheckpointReader& moments, CheckpointReader& tensors, const StageSlot& slot, const std::string& k)
+{
+  const std::string own = stage_file(slot.stage, slot.shard, ".optimizer.safetensors");
+  if (const std::string f = moments.file_of(k); !f.empty() && (slot.global_names || f == own)) return moments.get(f, k);
+  const auto slash = k.rfind('/');
+  if (slash == std::string::npos) return {};
+  const std::string param = k.substr(0, slash), field = k.substr(slash + 1);
+  if (field == "m8" || field == "m8max" || field == "v8" || field == "v8max") return {};  // as `m`, `v` (below)
+  const int stage = slot.global_names ? -1 : slot.stage;
+  auto files = moments.pieces(k, stage);
+  std::vector<at::Tensor> ps;
+  for (auto& f : files) ps.push_back(moments.get(f, k));
+  if (ps.empty() && (field == "m" || field == "v")) {  // 8-bit moments: dequantized shard by shard
+    const auto codes = moments.pieces(param + "/" + field + "8", stage), absmax = moments.pieces(param + "/" + field + "8max", stage);
+    const auto shapes = tensors.pieces(param, stage);
+    if (codes.empty() || codes.size() != absmax.size() || codes.size() != shapes.size()) return {};
+    for (std::size_t j = 0; j < codes.size(); ++j)
+      ps.push_back(dense_moment(moments.get(codes[j], param + "/" + field + "8"), moments.get(absmax[j], param + "/" + field + "8max"),
+                                tensors.get(shapes[j], param).sizes(), field == "m"));
+    files = codes;
+  }
+  if (ps.empty()) return {};
+  return recut(ps, saved_split(m, files, param), split_of(slot.splits, param), slot.tp_rank, slot.tp_size);
 }
 
 /// " a b c" — at most 12 names, then how many more.
@@ -489,26 +660,29 @@ inline std::string name_list(const std::vector<std::string>& names)
 
 /// Copies a stage's tensors from the checkpoint by name, after checking they are exactly the model's; the
 /// names it took go into `taken`.
-inline void load_stage_tensors(const Manifest& m, CheckpointReader& rd, std::map<std::string, at::Tensor> into, const CheckpointOptions& co,
-                               std::vector<std::string>& taken, const std::string& own, bool global)
+inline void load_stage_tensors(const Manifest& m, CheckpointReader& rd, const StageSlot& slot, const CheckpointOptions& co,
+                               std::vector<std::string>& taken)
 {
-  std::vector<std::string> missing, shapes, dtypes, split;
+  std::vector<std::string> missing, shapes, dtypes;
   std::set<std::string> files;  // those the differences are in
   std::map<std::string, at::Tensor> found;
-  for (auto& [k, t] : into) {
-    std::string other;
-    const std::string file = locate(m, rd, k, own, global, &other);
-    if (file.empty()) {
-      if (other.empty()) missing.push_back(k);
-      else split.push_back(k + " (in " + other + ")"), files.insert(other);
+  for (auto& [k, t] : slot.tensors) {
+    at::Tensor saved;
+    std::string from;
+    try {
+      saved = find_tensor(m, rd, slot, k, from);
+    } catch (const config_error&) {
+      throw;
+    } catch (const std::exception& e) {  // shards that do not join or cut (another model's)
+      shapes.push_back(k + " (its saved shards do not fit this model: " + std::string(e.what()).substr(0, 200) + ")"), files.insert(from);
       continue;
     }
-    at::Tensor saved = rd.get(file, k);
-    if (saved.sizes() != t.sizes())
-      shapes.push_back(k + " (saved " + c10::str(saved.sizes()) + ", the model " + c10::str(t.sizes()) + ")"), files.insert(file);
+    if (!saved.defined()) missing.push_back(k);
+    else if (saved.sizes() != t.sizes())
+      shapes.push_back(k + " (saved " + c10::str(saved.sizes()) + ", the model " + c10::str(t.sizes()) + ")"), files.insert(from);
     else if (saved.scalar_type() != t.scalar_type() && !co.allow_cast)
       dtypes.push_back(k + " (saved " + std::string(c10::toString(saved.scalar_type())) + ", the model " + c10::toString(t.scalar_type()) + ")"),
-          files.insert(file);
+          files.insert(from);
     found[k] = saved;
   }
   auto bad = [&](const std::string& why) {
@@ -519,50 +693,41 @@ inline void load_stage_tensors(const Manifest& m, CheckpointReader& rd, std::map
     }
     return config_error("mpx: the checkpoint " + where + " " + why + other_checkpoints(m.root, m.dir));
   };
-  if (!split.empty())
-    throw bad("holds these tensors split by another tensor-parallel degree:" + name_list(split) +
-              "; resume at the degree that saved them (moving between degrees is not supported yet), or start from the exported whole weights");
   if (!missing.empty() || !shapes.empty())
     throw bad("does not match this model:" + (missing.empty() ? "" : " not in the checkpoint:" + name_list(missing)) +
               (shapes.empty() ? "" : (missing.empty() ? "" : ";") + std::string(" other shapes:") + name_list(shapes)) +
               "; resume with the model and config that saved it");
   if (!dtypes.empty()) throw bad("has other dtypes:" + name_list(dtypes) + "; load with CheckpointOptions::allow_cast to convert them");
   torch::NoGradGuard ng;
-  for (auto& [k, t] : into) t.copy_(found.at(k)), taken.push_back(k);
+  for (auto& [k, t] : slot.tensors) t.copy_(found.at(k)), taken.push_back(k);
 }
 
 /// This rank's part of a load (see `load_training_state`): its stages' tensors and optimizer states by
 /// name, its random generator, and the trainer's state. `taken` and `saved`: the stage tensor names it
 /// took, and all the checkpoint holds (for the agreement).
-template <PipelineType P>
-TrainingState load_rank_state(World& w, const Manifest& m, StageSet<P>& stages, StageOptimizers& optimizers, TrainingState current,
-                              const CheckpointOptions& co, std::vector<std::string>& taken, std::vector<std::string>& saved)
+inline TrainingState load_rank_state(World& w, const Manifest& m, const std::vector<StageSlot>& slots, const std::string& fingerprint,
+                                     TrainingState current, const CheckpointOptions& co, std::vector<std::string>& taken,
+                                     std::vector<std::string>& saved)
 {
-  const bool same_pipeline = m.fingerprint == std::to_string(fingerprint_v<P>);
-  for (int s = 0; s < P::num_stages; ++s)
-    if (stages.holds(s) && !same_pipeline && !StageSet<P>::global_names(s))
+  const bool same_model = m.fingerprint == fingerprint;
+  for (auto& slot : slots)
+    if (!same_model && !slot.global_names)
       throw config_error("mpx: the checkpoint " + m.dir + " was saved by a different pipeline (fingerprint " + m.fingerprint + ", this one " +
-                         std::to_string(fingerprint_v<P>) + ") and stage " + std::to_string(s) +
+                         fingerprint + ") and stage " + std::to_string(slot.stage) +
                          "'s module names its parameters only within the stage; resume with the same Pipeline<...> type and layout, "
                          "or give the module named_weights() (global names) so that checkpoints move between layouts");
-  const std::string shard = stages.shard_suffix();
+  const std::string shard = slots.empty() ? std::string() : slots[0].shard;
   CheckpointReader tensors(m, shard, co, ".safetensors"), moments(m, shard, co, ".optimizer.safetensors");
   saved = tensors.all_names();
-  for (int s = 0; s < P::num_stages; ++s) {
-    if (!stages.holds(s)) continue;
-    const auto state = stages.state(s);
-    const bool global = StageSet<P>::global_names(s);
-    load_stage_tensors(m, tensors, state, co, taken, stage_file(s, shard, ".safetensors"), global);
-    if (!optimizers.has(s)) continue;
-    if (named_optimizer_state(optimizers.at(s), {})) {
-      restore_optimizer_state(optimizers.at(s), trainable_of(state), [&](const std::string& k) {
-        const std::string file = locate(m, moments, k, stage_file(s, shard, ".optimizer.safetensors"), global);
-        return file.empty() ? at::Tensor() : moments.get(file, k);
-      });
+  for (auto& slot : slots) {
+    load_stage_tensors(m, tensors, slot, co, taken);
+    if (!slot.optimizer) continue;
+    if (knows_optimizer(*slot.optimizer)) {
+      restore_optimizer_state(*slot.optimizer, trainable_of(slot.tensors), [&](const std::string& k) { return find_moment(m, moments, tensors, slot, k); });
     } else {  // LibTorch's archive: the same layout only
-      const std::string pt = stage_file(s, shard, ".optimizer.pt");
-      if (!same_pipeline) throw config_error("mpx: " + m.dir + "/" + pt + ": this optimizer's state is a LibTorch archive, which loads only into the pipeline that saved it");
-      optimizers.load(s, verified(m, pt, co));
+      const std::string pt = stage_file(slot.stage, slot.shard, ".optimizer.pt");
+      if (!same_model) throw config_error("mpx: " + m.dir + "/" + pt + ": this optimizer's state is a LibTorch archive, which loads only into the pipeline that saved it");
+      slot.load_archive(verified(m, pt, co));
     }
   }
   const std::string tj = verified(m, "trainer.json", co);
@@ -581,9 +746,14 @@ TrainingState load_rank_state(World& w, const Manifest& m, StageSet<P>& stages, 
                        other_checkpoints(m.root, m.dir));
   if (m.world_size == w.env.world_size && m.files.count(rng_file(w.env.rank))) {  // the same ranks: each its generator
     const auto st = load_safetensors(verified(m, rng_file(w.env.rank), co));
-    at::Generator g = at::detail::getDefaultCPUGenerator();  // a handle: the default generator itself
-    std::lock_guard<std::mutex> lock(g.mutex());
-    g.set_state(st.tensors.at("cpu").clone());
+    auto restore = [&](at::Generator g, const char* name) {  // a handle: the generator itself
+      auto it = st.tensors.find(name);
+      if (it == st.tensors.end()) return;
+      std::lock_guard<std::mutex> lock(g.mutex());
+      g.set_state(it->second.clone());
+    };
+    restore(at::detail::getDefaultCPUGenerator(), "cpu");
+    restore(tp::split_region_generator(), "tp_split");
   }
   return current;
 }
@@ -625,6 +795,36 @@ inline void agree_on_load(World& w, const std::string& key, const std::string& m
 }
 }  // namespace detail
 
+namespace detail
+{
+/// A load (see `load_training_state`) into `slots`, this rank's stages of a model identified by `fingerprint`.
+inline TrainingState load_checkpoint(World& w, const std::string& path, const std::vector<StageSlot>& slots, const std::string& fingerprint,
+                                     TrainingState current, const CheckpointOptions& co)
+{
+  static long loads = 0;  // every rank loads in the same order: the store keys of a load are never reused
+  const std::string key = "mpx/load/" + std::to_string(loads++) + "/";
+  std::string error;
+  std::vector<std::string> taken, saved;
+  std::optional<Manifest> m;
+  try {
+    m = read_manifest(locate_checkpoint(path));
+    current = load_rank_state(w, *m, slots, fingerprint, current, co, taken, saved);
+  } catch (const config_error& e) {
+    error = e.what();
+  }
+  agree_on_load(w, key, error, taken, saved, m ? *m : Manifest{});
+  return current;
+}
+
+/// A world of one process without a launcher (a one-process model's checkpoints): its own store, no group.
+inline World local_world()
+{
+  World w;
+  w.store = c10::make_intrusive<c10d::HashStore>();
+  return w;
+}
+}  // namespace detail
+
 /// Restores the checkpoint `path` names (see the file comment) into this rank's stages, optimizers and
 /// random generator, and returns the trainer's state (`current` supplies what the file does not record).
 /// A collective: every rank calls it.
@@ -632,19 +832,58 @@ template <PipelineType P>
 TrainingState load_training_state(World& w, const std::string& path, StageSet<P>& stages, StageOptimizers& optimizers, TrainingState current,
                                   const CheckpointOptions& co = {})
 {
-  static long loads = 0;  // every rank loads in the same order: the store keys of a load are never reused
-  const std::string key = "mpx/load/" + std::to_string(loads++) + "/";
-  std::string error;
-  std::vector<std::string> taken, saved;
-  std::optional<detail::Manifest> m;
-  try {
-    m = detail::read_manifest(detail::locate_checkpoint(path));
-    current = detail::load_rank_state(w, *m, stages, optimizers, current, co, taken, saved);
-  } catch (const config_error& e) {
-    error = e.what();
+  return detail::load_checkpoint(w, path, detail::slots_of(stages, optimizers), std::to_string(fingerprint_v<P>), current, co);
+}
+
+/// Saves a model trained in one process (plain LibTorch, no pipeline) as a checkpoint under `root`, in
+/// the same format: part i is written as stage i would be, so the checkpoint resumes in any pipeline
+/// whose stages name their parameters globally, and `load_local_checkpoint` takes any such pipeline's.
+inline void save_local_checkpoint(const std::string& root, const std::vector<LocalPart>& parts, const TrainingState& t,
+                                  const CheckpointOptions& co = {})
+{
+  auto w = detail::local_world();
+  detail::save_checkpoint(w, root, detail::local_slots(parts), "one-process", int(parts.size()), t, co);
+}
+
+/// Restores the checkpoint `path` names into a model trained in one process (see `save_local_checkpoint`):
+/// tensors found by global name in whatever stage, degree or replica saved them, optimizer state with them.
+inline TrainingState load_local_checkpoint(const std::string& path, const std::vector<LocalPart>& parts, TrainingState current = {},
+                                           const CheckpointOptions& co = {})
+{
+  auto w = detail::local_world();
+  return detail::load_checkpoint(w, path, detail::local_slots(parts), "one-process", current, co);
+}
+
+/// The whole weights of the checkpoint `path` names, by global name (tensor-parallel shards joined; the
+/// tensors of a stage that names them within itself, and buffers, as "stage<I>/<name>"): what
+/// `export_checkpoint_weights` writes.
+inline std::map<std::string, at::Tensor> consolidated_weights(const std::string& path, const CheckpointOptions& co = {})
+{
+  const auto m = detail::read_manifest(detail::locate_checkpoint(path));
+  detail::CheckpointReader rd(m, "", co, ".safetensors");
+  std::map<std::string, at::Tensor> out;
+  for (auto& [file, sum] : m.files) {
+    const auto sf = detail::parse_stage_file(file, ".safetensors");
+    if (!sf || sf->tp_rank != 0) continue;  // each tensor once: from its first shard's file
+    for (auto& k : sum.tensors) {
+      const bool global = sum.global_names && !detail::is_buffer_name(k);
+      const auto files = rd.pieces(k, global ? -1 : sf->stage);
+      if (files.empty())
+        throw config_error("mpx: the checkpoint " + m.dir + " lacks a tensor-parallel shard of " + k + detail::other_checkpoints(m.root, m.dir));
+      std::vector<at::Tensor> ps;
+      for (auto& f : files) ps.push_back(rd.get(f, k));
+      out[global ? k : "stage" + std::to_string(sf->stage) + "/" + k] = detail::recut(ps, detail::saved_split(m, files, k), nullptr, 0, 1);
+    }
   }
-  detail::agree_on_load(w, key, error, taken, saved, m ? *m : detail::Manifest{});
-  return current;
+  return out;
+}
+
+/// Writes the checkpoint's whole weights (`consolidated_weights`) as one safetensors file `out`, which
+/// LibTorch, Python's safetensors or a few lines of Python read (docs/08).
+inline void export_checkpoint_weights(const std::string& path, const std::string& out, const CheckpointOptions& co = {})
+{
+  const auto m = detail::read_manifest(detail::locate_checkpoint(path));
+  save_safetensors(out, consolidated_weights(path, co), {{"format", "pt"}, {"step", std::to_string(m.step)}});
 }
 
 }  // namespace mpx

@@ -49,34 +49,42 @@ struct SplitModule
   virtual bool sequence_parallel() const { return false; }
 };
 
-/// This rank's shard of full tensor `full` under `s` (each part's rank-th N-th along s.dim).
-inline at::Tensor shard(const at::Tensor& full, const Split& s, const Group& g)
+/// Shard `rank` of `size` of full tensor `full` under `s` (each part's rank-th size-th along s.dim).
+inline at::Tensor shard(const at::Tensor& full, const Split& s, int rank, int size)
 {
   const std::vector<int64_t> parts = s.parts.empty() ? std::vector<int64_t>{full.size(s.dim)} : s.parts;
   std::vector<at::Tensor> mine;
   int64_t off = 0;
   for (auto p : parts) {
-    const auto n = shard_size(p, g.size, "a split part of '" + s.name + "'");
-    mine.push_back(full.narrow(s.dim, off + g.rank * n, n));
+    const auto n = shard_size(p, size, "a split part of '" + s.name + "'");
+    mine.push_back(full.narrow(s.dim, off + rank * n, n));
     off += p;
   }
   return torch::cat(mine, s.dim).clone();
+}
+/// This rank's shard of full tensor `full` under `s`.
+inline at::Tensor shard(const at::Tensor& full, const Split& s, const Group& g) { return shard(full, s, g.rank, g.size); }
+
+/// The full tensor whose shards under `s` are `shards` (shard r of shards.size(), in order): `shard`'s inverse.
+inline at::Tensor join(const std::vector<at::Tensor>& shards, const Split& s)
+{
+  const auto n = int64_t(shards.size());
+  const int64_t local_size = shards.at(0).size(s.dim);
+  const std::vector<int64_t> parts = s.parts.empty() ? std::vector<int64_t>{local_size * n} : s.parts;
+  std::vector<at::Tensor> out;
+  int64_t off = 0;
+  for (auto p : parts) {
+    const auto each = p / n;
+    for (auto& sh : shards) out.push_back(sh.narrow(s.dim, off, each));
+    off += each;
+  }
+  return torch::cat(out, s.dim);
 }
 
 /// The full tensor of which every member holds `local` under `s` (a collective over the group).
 inline at::Tensor unshard(const at::Tensor& local, const Split& s, const Group& g)
 {
-  auto all = all_gather(g, local.detach(), "unshard (all-gather of a split parameter)");
-  const int64_t local_size = local.size(s.dim);
-  const std::vector<int64_t> parts = s.parts.empty() ? std::vector<int64_t>{local_size * g.size} : s.parts;
-  std::vector<at::Tensor> out;
-  int64_t off = 0;
-  for (auto p : parts) {
-    const auto n = p / g.size;
-    for (int r = 0; r < g.size; ++r) out.push_back(all[std::size_t(r)].narrow(s.dim, off, n));
-    off += n;
-  }
-  return torch::cat(out, s.dim);
+  return join(all_gather(g, local.detach(), "unshard (all-gather of a split parameter)"), s);
 }
 
 struct ColumnLinearOptions
