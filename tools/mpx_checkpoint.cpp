@@ -40,7 +40,8 @@ int main(int argc, char** argv)
         std::cout << fmt::format("  {:<40} {:>12} bytes  {:>4} tensors{}{}\n", file, sum.bytes, sum.tensors.size(),
                                  sum.global_names ? ", global names" : "", sum.splits.empty() ? "" : fmt::format(", {} split", sum.splits.size()));
       }
-      const auto whole = mpx::consolidated_weights(path, co);
+      co.checksums = false;  // every file was verified just above
+      const auto whole = mpx::consolidated_weights(m, co);
       long long n = 0;
       for (auto& [k, t] : whole) n += t.numel();
       std::cout << fmt::format("  whole weights: {} tensors, {} values\n", whole.size(), n);

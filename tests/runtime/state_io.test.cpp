@@ -210,6 +210,17 @@ TEST_CASE("A one-process model's checkpoint loads back by name, and any checkpoi
   // a model without one of the saved tensors: the verdict names it
   CHECK_THROWS_WITH(mpx::load_local_checkpoint(root, {{named(c1, "first"), nullptr}}), Contains("no stage of this pipeline has second.bias second.weight"));
 
+  {  // a manifest whose split record is hostile (a negative dimension): garbled, not a crash
+    const std::string mf = root + "/step-00000005/manifest.json";
+    std::ifstream in(mf);
+    auto j = nlohmann::json::parse(in);
+    in.close();
+    const std::string text = j.dump();
+    j["files"]["stage1.safetensors"]["splits"]["second.weight"] = {{"dim", -3}, {"parts", {1}}};
+    std::ofstream(mf) << j.dump();
+    CHECK_THROWS_WITH(mpx::load_local_checkpoint(root, saved), Contains("manifest.json is garbled") && Contains("second.weight"));
+    std::ofstream(mf) << text;
+  }
   mpx::export_checkpoint_weights(root, base + "/whole.safetensors");
   const auto whole = mpx::load_safetensors(base + "/whole.safetensors");
   CHECK(whole.tensors.size() == 4);

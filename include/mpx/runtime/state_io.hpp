@@ -58,7 +58,8 @@
 #include <fcntl.h>   // open
 #include <unistd.h>  // fsync, read
 
-#include <algorithm>   // std::sort
+#include <algorithm>   // std::sort, std::any_of
+#include <stdexcept>   // std::invalid_argument
 #include <cstdio>      // std::snprintf
 #include <filesystem>  // std::filesystem
 #include <fstream>     // std::ifstream, std::ofstream
@@ -155,8 +156,12 @@ inline FileSum from_json(const nlohmann::json& e)
   f.bytes = e.at("bytes").get<std::uintmax_t>(), f.xxh3 = e.at("xxh3").get<std::string>();
   f.tensors = e.value("tensors", std::vector<std::string>{}), f.global_names = e.value("global_names", false);
   if (e.contains("splits"))
-    for (auto& [name, sp] : e.at("splits").items())
-      f.splits[name] = tp::Split{name, sp.at("dim").get<int64_t>(), sp.at("parts").get<std::vector<int64_t>>()};
+    for (auto& [name, sp] : e.at("splits").items()) {
+      tp::Split s{name, sp.at("dim").get<int64_t>(), sp.at("parts").get<std::vector<int64_t>>()};
+      if (s.dim < 0 || s.dim > 16 || std::any_of(s.parts.begin(), s.parts.end(), [](int64_t p) { return p <= 0; }))
+        throw std::invalid_argument("the split of " + name + " is not a dimension and positive part sizes");
+      f.splits[name] = std::move(s);
+    }
   return f;
 }
 inline FileSum sum_file(const std::string& path, bool checksum)
@@ -495,8 +500,9 @@ inline std::optional<StageFileName> parse_stage_file(const std::string& name, co
   out.stage = std::stoi(name.substr(5, i - 5)), out.shard = name.substr(i, name.size() - tail.size() - i);
   if (out.shard.empty()) return out;
   int k = -1, n = -1, used = 0;
-  if (std::sscanf(out.shard.c_str(), ".tp%dof%d%n", &k, &n, &used) != 2 || used != int(out.shard.size()) || n < 1 || k < 0 || k >= n)
-    return std::nullopt;
+  if (out.shard.size() > 20 || std::sscanf(out.shard.c_str(), ".tp%6dof%6d%n", &k, &n, &used) != 2 || used != int(out.shard.size()) || n < 1 ||
+      k < 0 || k >= n)
+    return std::nullopt;  // (at most 6 digits each: no overflow from a hostile name)
   out.tp_rank = k, out.tp_size = n;
   return out;
 }
@@ -811,6 +817,8 @@ inline TrainingState load_checkpoint(World& w, const std::string& path, const st
     current = load_rank_state(w, *m, slots, fingerprint, current, co, taken, saved);
   } catch (const config_error& e) {
     error = e.what();
+  } catch (const std::exception& e) {  // a tensor op on what the files hold (shards that do not join): every rank hears it
+    error = "mpx: the checkpoint at " + path + " cannot be loaded into this model: " + std::string(e.what()).substr(0, 400);
   }
   agree_on_load(w, key, error, taken, saved, m ? *m : Manifest{});
   return current;
@@ -857,9 +865,8 @@ inline TrainingState load_local_checkpoint(const std::string& path, const std::v
 /// The whole weights of the checkpoint `path` names, by global name (tensor-parallel shards joined; the
 /// tensors of a stage that names them within itself, and buffers, as "stage<I>/<name>"): what
 /// `export_checkpoint_weights` writes.
-inline std::map<std::string, at::Tensor> consolidated_weights(const std::string& path, const CheckpointOptions& co = {})
+inline std::map<std::string, at::Tensor> consolidated_weights(const detail::Manifest& m, const CheckpointOptions& co = {})
 {
-  const auto m = detail::read_manifest(detail::locate_checkpoint(path));
   detail::CheckpointReader rd(m, "", co, ".safetensors");
   std::map<std::string, at::Tensor> out;
   for (auto& [file, sum] : m.files) {
@@ -877,13 +884,17 @@ inline std::map<std::string, at::Tensor> consolidated_weights(const std::string&
   }
   return out;
 }
+inline std::map<std::string, at::Tensor> consolidated_weights(const std::string& path, const CheckpointOptions& co = {})
+{
+  return consolidated_weights(detail::read_manifest(detail::locate_checkpoint(path)), co);
+}
 
 /// Writes the checkpoint's whole weights (`consolidated_weights`) as one safetensors file `out`, which
 /// LibTorch, Python's safetensors or a few lines of Python read (docs/08).
 inline void export_checkpoint_weights(const std::string& path, const std::string& out, const CheckpointOptions& co = {})
 {
   const auto m = detail::read_manifest(detail::locate_checkpoint(path));
-  save_safetensors(out, consolidated_weights(path, co), {{"format", "pt"}, {"step", std::to_string(m.step)}});
+  save_safetensors(out, consolidated_weights(m, co), {{"format", "pt"}, {"step", std::to_string(m.step)}});
 }
 
 }  // namespace mpx
