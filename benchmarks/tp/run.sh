@@ -59,8 +59,9 @@ t1=$(echo "${all["plain 1"]}" | med); t2=$(echo "${all["plain 2"]}" | med); t2sp
     echo "| $mode | $ar | $arb | $ag | $agb | $mega | $ring | $ringm |"
   done
   echo
-  echo "Without sequence parallelism the measured layer is exactly Megatron's: 4 all-reduces of b·s·h. With it, the 4"
-  echo "all-gathers match; the 4 reduce-scatters are all-reduces followed by a slice (Gloo 1.13 has no reduce-scatter), so"
+  echo "Without sequence parallelism the measured layer is exactly Megatron's: 4 all-reduces of b·s·h. With it, 4 of the"
+  echo "all-gathers are Megatron's operators and 2 are the backward's re-gathers of the column-parallel inputs (kept as"
+  echo "shards: Megatron does the same, overlapping them with the gradient's matmul); the 4 reduce-scatters are all-reduces followed by a slice (Gloo 1.13 has no reduce-scatter), so"
   echo "the ring traffic is 1.5x Megatron's until a backend with reduce-scatter is used; the small extra all-reduces are the"
   echo "replicated parameters' gradient sums (2 LayerNorms and 2 row-parallel biases per layer)."
   echo
@@ -74,11 +75,10 @@ t1=$(echo "${all["plain 1"]}" | med); t2=$(echo "${all["plain 2"]}" | med); t2sp
   echo "Measured as the live bytes of mpx's host cache (every CPU block of 128 KiB or more, rounded to its size classes)"
   echo "after the forward and the loss, less before it (a 4-layer minus a 2-layer model, halved; the last round's). Tensor parallelism splits what the"
   echo "attention and the MLP keep (q, k, v, the scores, the MLP's hidden activations); every rank still keeps the whole"
-  echo "LayerNorm inputs and outputs. Sequence parallelism as built here splits the LayerNorm and residual tensors, but a"
-  echo "column-parallel linear gathers its input in the forward and its matmul keeps the gathered, whole tensor for the"
-  echo "backward, so the LayerNorm outputs are still kept whole, beside their shards. Megatron-LM (2205.05198 §4.2.2) keeps"
-  echo "only the shard and gathers again in the backward, which would hold TP 1's activations divided by N"
-  echo "($(awk -v a="$a1" -v m=$M -v n=$n 'BEGIN {printf "%.1f", a / m / n}') b·s·h here); until mpx does, sequence parallelism saves only the split LayerNorm inputs and residuals."
+  echo "LayerNorm inputs and outputs. Sequence parallelism splits the LayerNorm and residual tensors too, and a"
+  echo "column-parallel linear keeps only its shard of the input, gathering it again in the backward (tp::gathered_linear),"
+  echo "as Megatron-LM does (2205.05198 §4.2.2), whose ideal is TP 1's activations divided by N"
+  echo "($(awk -v a="$a1" -v m=$M -v n=$n 'BEGIN {printf "%.1f", a / m / n}') b·s·h here)."
   echo "This model has no dropout, so there are no masks to keep."
   echo
   echo "## Step time, 4 layers (median of $rounds rounds)"

@@ -93,12 +93,15 @@ struct MlpImpl : torch::nn::Module
 };
 TORCH_MODULE(Mlp);
 
-/// Fused qkv (parts: the widths of Q, K and V, each split by heads under tensor parallelism) and the
-/// output projection (split by rows); the attention itself is computed by the block.
+/// Fused qkv (the widths of Q, K and V, each split by heads under tensor parallelism; key/value heads
+/// fewer than the ranks are shared) and the output projection (split by rows); the attention itself is
+/// computed by the block.
 struct AttnImpl : torch::nn::Module
 {
-  AttnImpl(int dim, std::vector<int64_t> qkv_parts)
-      : qkv(register_module("qkv", mpx::tp::ColumnLinear(mpx::tp::ColumnLinearOptions(dim, qkv_parts[0] + qkv_parts[1] + qkv_parts[2]).parts(qkv_parts)))),
+  AttnImpl(int dim, int head_dim, int heads, int kv_heads)
+      : qkv(register_module("qkv", mpx::tp::ColumnLinear(mpx::tp::ColumnLinearOptions(dim, int64_t(heads + 2 * kv_heads) * head_dim)
+                                                             .parts({int64_t(heads) * head_dim, int64_t(kv_heads) * head_dim, int64_t(kv_heads) * head_dim})
+                                                             .units({heads, kv_heads, kv_heads})))),
         proj(register_module("proj", mpx::tp::RowLinear(dim, dim)))
   {
   }
@@ -122,7 +125,7 @@ struct VisionBlockImpl : torch::nn::Module
   explicit VisionBlockImpl(const VisionConfig& c)
       : heads(c.enc_n_heads),
         ln1(register_module("ln1", detail::layer_norm(c.enc_dim))),
-        attn(register_module("attn", Attn(c.enc_dim, std::vector<int64_t>{c.enc_dim, c.enc_dim, c.enc_dim}))),
+        attn(register_module("attn", Attn(c.enc_dim, c.enc_dim / c.enc_n_heads, c.enc_n_heads, c.enc_n_heads))),
         ln2(register_module("ln2", detail::layer_norm(c.enc_dim))),
         mlp(register_module("mlp", Mlp(c.enc_dim, c.enc_ff_dim, c.enc_dim)))
   {
@@ -275,11 +278,12 @@ struct KvCache
 
 struct TextBlockImpl : torch::nn::Module
 {
-  /// Under tensor parallelism (N ranks) it holds heads/N query and kv_heads/N key/value heads.
+  /// Under tensor parallelism (N ranks) it holds heads/N query and kv_heads/N key/value heads (one, shared
+  /// with N/kv_heads - 1 neighbours, when there are fewer key/value heads than ranks).
   explicit TextBlockImpl(const TextConfig& c)
-      : heads(c.n_heads / mpx::tp::current()->size), kv_heads(c.n_kv_heads / mpx::tp::current()->size), head_dim(c.head_dim()),
+      : heads(c.n_heads / mpx::tp::current()->size), kv_heads(std::max(1, c.n_kv_heads / mpx::tp::current()->size)), head_dim(c.head_dim()),
         ln(register_module("ln", detail::layer_norm(c.dim))),
-        attn(register_module("attn", Attn(c.dim, std::vector<int64_t>{int64_t(c.n_heads) * head_dim, int64_t(c.n_kv_heads) * head_dim, int64_t(c.n_kv_heads) * head_dim}))),
+        attn(register_module("attn", Attn(c.dim, head_dim, c.n_heads, c.n_kv_heads))),
         mlp(register_module("mlp", Mlp(c.dim, c.ff_dim, c.dim)))
   {
   }
@@ -352,7 +356,10 @@ struct TextImpl : torch::nn::Module, mpx::tp::SplitModule
                                 std::to_string(size) + ") " + std::to_string(n) + " ways: " + fix);
     };
     need(t.n_heads, "the attention heads", "choose --tp among the divisors of n_heads");
-    need(t.n_kv_heads, "the key/value heads", "choose --tp among the divisors of n_kv_heads (replicating fewer key/value heads is not supported)");
+    if (t.n_kv_heads % n != 0 && n % t.n_kv_heads != 0)
+      throw mpx::config_error("moondream::Text: text tensor parallelism over " + std::to_string(n) + " ranks splits the key/value heads (" +
+                              std::to_string(t.n_kv_heads) + ") " + std::to_string(n) + " ways, or shares each of them among " +
+                              "--tp / n_kv_heads ranks: choose --tp among the divisors or the multiples of n_kv_heads");
     need(t.ff_dim, "the MLP width ff_dim", "choose --tp among the divisors of ff_dim");
     need(t.vocab_size, "the vocabulary", "pad vocab_size to a multiple of --tp");
   }

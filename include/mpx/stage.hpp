@@ -32,6 +32,8 @@ template <class T> struct is_reads_p : std::bool_constant<is_reads_policy<T>> {}
 template <class T> struct is_frozen_p : std::bool_constant<std::is_same_v<T, Frozen>> {};
 /// Whether tensor-parallel degree `n` splits a declared size evenly (a size <= 0 is not declared: true).
 inline constexpr bool tp_divides(long size, int n) { return n == 1 || size <= 0 || size % n == 0; }
+/// Key/value heads split N ways, or (fewer than N) each shared by N / size adjacent ranks.
+inline constexpr bool tp_divides_or_shares(long size, int n) { return tp_divides(size, n) || (size > 0 && n % size == 0); }
 template <class T> struct is_checkpointed_p : std::bool_constant<std::is_same_v<T, Checkpointed>> {};
 template <class T> struct is_block_checkpointed_p : std::bool_constant<std::is_same_v<T, CheckpointBlocks>> {};
 
@@ -115,10 +117,10 @@ struct Stage
   static_assert(detail::tp_divides(traits::num_heads, tensor_parallel),
                 "mpx::Stage: the tensor-parallel degree N of mpx::TensorParallel<N> must divide the module's num_heads; "
                 "choose N among the divisors of num_heads");
-  static_assert(detail::tp_divides(traits::num_kv_heads, tensor_parallel),
+  static_assert(detail::tp_divides_or_shares(traits::num_kv_heads, tensor_parallel),
                 "mpx::Stage: the tensor-parallel degree N of mpx::TensorParallel<N> must divide the module's num_kv_heads "
-                "(each rank holds its query heads' key/value heads; replicating fewer than N key/value heads is not "
-                "supported): choose N among the divisors of num_kv_heads");
+                "or be a multiple of it (each rank holds its query heads' key/value heads; fewer than N of them are each "
+                "shared by N / num_kv_heads ranks): choose N among the divisors or the multiples of num_kv_heads");
   static_assert(detail::tp_divides(traits::ffn_width, tensor_parallel),
                 "mpx::Stage: the tensor-parallel degree N of mpx::TensorParallel<N> must divide the module's ffn_width "
                 "(the MLP's columns are split N ways): choose N among its divisors, or pad the width");

@@ -244,6 +244,20 @@ TEST_CASE("A tensor cut at one tensor-parallel degree is re-cut for another, fus
   CHECK(torch::equal(mpx::detail::recut({full}, nullptr, &qkv, 3, 4), cut(4)[3]));     // 1 -> 4
   CHECK(torch::equal(mpx::detail::recut(cut(4), &qkv, &qkv, 1, 2), cut(2)[1]));        // 4 -> 2
   CHECK(torch::equal(mpx::detail::recut({torch::tensor(7L), torch::tensor(7L)}, &qkv, &qkv, 0, 2), torch::tensor(7L)));  // a step count
+  // grouped-query attention: 4 query heads of 2 rows reading 1 key/value head, shared by every rank
+  const auto gqa_full = torch::arange(12 * 3, torch::kFloat).view({12, 3});
+  const mpx::tp::Split gqa2{"weight", 0, {8, 2, 2}, {1, 2, 2}}, gqa4{"weight", 0, {8, 2, 2}, {1, 4, 4}};
+  auto gqa_cut = [&](const mpx::tp::Split& s, int n) {
+    std::vector<at::Tensor> out;
+    for (int r = 0; r < n; ++r) out.push_back(mpx::tp::shard(gqa_full, s, r, n));
+    return out;
+  };
+  CHECK(torch::equal(gqa_cut(gqa4, 4)[3].narrow(0, 2, 2), gqa_full.narrow(0, 8, 2)));  // every rank holds the k head
+  CHECK(torch::equal(mpx::tp::join(gqa_cut(gqa2, 2), gqa2), gqa_full));
+  CHECK(torch::equal(mpx::detail::recut(gqa_cut(gqa2, 2), &gqa2, &gqa4, 1, 4), gqa_cut(gqa4, 4)[1]));  // 2 -> 4
+  CHECK(torch::equal(mpx::detail::recut(gqa_cut(gqa4, 4), &gqa4, nullptr, 0, 1), gqa_full));           // 4 -> 1
+  CHECK(mpx::tp::counted_ranges(gqa4, 6, 0, 4) == std::vector<std::pair<int64_t, int64_t>>{{0, 6}});  // rank 0 counts its q, k, v
+  CHECK(mpx::tp::counted_ranges(gqa4, 6, 2, 4) == std::vector<std::pair<int64_t, int64_t>>{{0, 2}});  // rank 2: its q rows only
   const auto name = mpx::detail::parse_stage_file("stage12.tp1of4.optimizer.safetensors", ".optimizer.safetensors");
   REQUIRE(name);
   CHECK(name->stage == 12);

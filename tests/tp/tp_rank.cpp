@@ -117,6 +117,55 @@ int ops(const tp::GroupPtr& g)
     expect(close(local.narrow(0, 2, 2), w_full.narrow(0, 2 * n + 2 * r, 2)), "shard of the second part");
     expect(close(tp::unshard(local, s, *g), w_full), "unshard");
   }
+  {  // gathered_linear: linear(gather_sequence(x)) in value and every gradient, keeping only the shard
+    torch::manual_seed(5);  // the same weights on every rank
+    const auto w0 = torch::randn({4, 3}, torch::kDouble), b0 = torch::randn({4}, torch::kDouble);
+    const auto x0 = torch::arange(6.0, torch::kDouble).reshape({1, 2, 3}) + r;  // this rank's 2 positions
+    std::vector<at::Tensor> a{x0.clone(), w0.clone(), b0.clone()}, b{x0.clone(), w0.clone(), b0.clone()};
+    for (auto& t : a) t.requires_grad_(true);
+    for (auto& t : b) t.requires_grad_(true);
+    auto ya = torch::nn::functional::linear(tp::gather_sequence(a[0], 1, g), a[1], a[2]);
+    auto yb = tp::gathered_linear(b[0], b[1], b[2], 1, g);
+    expect(close(ya, yb), "gathered_linear forward");
+    auto up = torch::arange(double(2 * n * 4), torch::kDouble).reshape({1, 2 * n, 4}) * (r + 1);
+    (ya * up).sum().backward();
+    (yb * up).sum().backward();
+    for (int i = 0; i < 3; ++i) expect(close(a[std::size_t(i)].grad(), b[std::size_t(i)].grad()), "gathered_linear gradient " + std::to_string(i));
+  }
+  {  // grouped-query key/value heads fewer than ranks: a shared part (tp::Split::shares)
+    const int64_t kv = std::max(1, n / 2), hd = 2;  // kv key/value heads of width 2, each held by n / kv ranks
+    const tp::Split s{"weight", 0, {hd * n, hd * kv}, {1, n / kv}};
+    auto w_full = torch::arange(double(hd * (n + kv) * 3)).reshape({hd * (n + kv), 3});
+    auto local = tp::shard(w_full, s, *g);
+    expect(local.size(0) == 2 * hd, "a shared shard's size");
+    expect(close(local.narrow(0, hd, hd), w_full.narrow(0, hd * n + hd * (r / (n / kv)), hd)), "the shared piece a rank holds");
+    expect(close(tp::unshard(local, s, *g), w_full), "unshard of a shared split");
+    // a ColumnLinear of n query heads and kv shared ones: weights the unsplit draw's, gradients the whole's
+    torch::manual_seed(3);
+    torch::nn::Linear whole(3, hd * (n + kv));
+    torch::manual_seed(3);
+    tp::Scope scope(g);
+    tp::ColumnLinear lin(tp::ColumnLinearOptions(3, hd * (n + kv)).parts({hd * n, hd * kv}).units({n, kv}));
+    expect(close(tp::unshard(lin->weight, lin->splits()[0], *g), whole->weight.detach()), "a shared ColumnLinear's draw");
+    auto x = torch::arange(12.0).reshape({4, 3}) / 10;
+    auto up = [&](int q) { return torch::arange(double(4 * 2 * hd)).reshape({4, 2 * hd}) + q; };  // rank q's upstream gradient
+    (lin(x) * up(r)).sum().backward();
+    tp::sum_shared_gradients(*lin, g);
+    // the whole: query columns of rank q see q's gradient, a key/value head the sum of its holders'
+    auto full_up = torch::zeros({4, hd * (n + kv)});
+    for (int q = 0; q < n; ++q) {
+      full_up.narrow(1, hd * q, hd).copy_(up(q).narrow(1, 0, hd));
+      full_up.narrow(1, hd * n + hd * (q / (n / kv)), hd) += up(q).narrow(1, hd, hd);
+    }
+    (whole(x) * full_up).sum().backward();
+    expect(close(tp::unshard(lin->weight.grad(), lin->splits()[0], *g), whole->weight.grad()), "a shared ColumnLinear's weight gradient");
+    expect(close(tp::unshard(lin->bias.grad(), lin->splits()[1], *g), whole->bias.grad()), "a shared ColumnLinear's bias gradient");
+    auto sq = torch::full({1}, tp::local_gradient_sq(*lin, g), torch::kDouble);
+    tp::all_reduce(*g, sq);
+    const double want_sq = (whole->weight.grad().to(at::kDouble).pow(2).sum() + whole->bias.grad().to(at::kDouble).pow(2).sum()).item<double>();
+    if (std::abs(sq.item<double>() - want_sq) > 1e-5 * want_sq) std::cerr << "squared norm " << sq.item<double>() << ", want " << want_sq << "\n";
+    expect(std::abs(sq.item<double>() - want_sq) <= 1e-5 * want_sq, "the squared gradient norm of a shared split (each piece once)");
+  }
   if (r == 0 && failures == 0) std::printf("ops ok\n");
   return failures == 0 ? 0 : 1;
 }

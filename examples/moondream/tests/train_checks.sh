@@ -5,7 +5,8 @@
 #                      within 1e-5 relative every step, and every weight at the end within 1e-4
 #   dp:       2 replicas x 2 stages match one process computing the same global batch
 #   tp:       vision | text split over 2 ranks (tensor parallel, 3 ranks) matches one process for 10 steps,
-#             and so do 2 replicas of it (6 ranks); its exported model is whole (moondream_query reads it)
+#             and so do 2 replicas of it (6 ranks); its exported model is whole (moondream_query reads it);
+#             with grouped-query attention, one key/value head shared by the 2 ranks
 #   resume:   a run resumed from its step-3 checkpoint repeats the uninterrupted run's losses
 #   resumetp: the same with the text stage tensor-parallel (each rank's shards and 8-bit AdamW state)
 #   restart:  10 seeded faults under --max-restarts end with the uninterrupted run's weights, bit for bit
@@ -69,6 +70,18 @@ sys.exit(0 if worst <= tol else 1)
 PY
 }
 
+# gqa: the tiny config with grouped-query attention, 4 query heads reading 1 key/value head (at --tp 2
+# both ranks hold that head: a shared split), written to $work/gqa.json; the flags in array gqa
+gqa_config() {
+  python3 - "$(dirname "$0")/../configs/tiny.json" "$work/gqa.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["text"].update(n_heads=4, n_kv_heads=1)
+json.dump(c, open(sys.argv[2], "w"))
+PY
+  gqa=("${small[@]/#tiny/$work/gqa.json}")
+}
+
 case $check in
   parity2|parity4)
     layout=${check#parity}
@@ -113,6 +126,15 @@ case $check in
     # the exported model is whole: moondream_query (one process) reads it
     "$query" --weights "$work/tp/model" --generated 0 -q "What color is the shape?" | tee "$work/query"
     grep -q "^A:" "$work/query"
+    # grouped-query attention with fewer key/value heads than ranks: the one head shared by both ranks
+    gqa_config
+    "$train" "${gqa[@]}" --optimizer sgd --layout 1 --steps 6 --save "$work/gqa1" --metrics "$work/gqa1_sgd.jsonl"
+    "$train" "${gqa[@]}" --optimizer sgd --layout 2 --tp 2 --steps 6 --save "$work/gqa2" --metrics "$work/gqa2_sgd.jsonl"
+    compare "$work/gqa1_sgd.jsonl" "$work/gqa2_sgd.jsonl"
+    weights "$work/gqa1/model" "$work/gqa2/model" 1e-5
+    "$train" "${gqa[@]}" --layout 1 --steps 6 --metrics "$work/gqa1.jsonl" > /dev/null
+    "$train" "${gqa[@]}" --layout 2 --tp 2 --steps 6 --metrics "$work/gqa2.jsonl" > /dev/null
+    compare "$work/gqa1.jsonl" "$work/gqa2.jsonl"
     ;;
   resume|resumetp)
     small+=(--optimizer adamw8bit)
@@ -165,8 +187,8 @@ PY
     # step-3 checkpoint, resumed in layout B, the run repeats the uninterrupted layout-A run's losses (fp32
     # AdamW: 1e-5; 8-bit AdamW: its state moves exactly between splits, the layouts' last-bit differences
     # grow through the quantised moments, shown against 1e-3; between degrees the moments are re-quantized)
-    reshard() {  # "<A flags>" "<B flags>" <optimizer> <tol>
-      local name; name=$(tr -c 'a-z0-9\n' _ <<<"$1-$2-$3" | tr -s _ | sed 's/^_//')
+    reshard() {  # "<A flags>" "<B flags>" <optimizer> <tol>; $tag: a prefix for its files
+      local name; name=$(tr -c 'a-z0-9\n' _ <<<"${tag:-}$1-$2-$3" | tr -s _ | sed 's/^_//')
       local opts=("${small[@]}" --optimizer "$3" --steps 6 --save-every 3)
       # shellcheck disable=SC2086
       "$train" "${opts[@]}" $1 --metrics "$work/$name.full.jsonl" > /dev/null
@@ -203,6 +225,12 @@ PY
       reshard "--layout 2 --tp 2" "--layout 1" adamw 1e-5
       reshard "--layout 2 --tp 2" "--layout 2" adamw8bit 1e-3
       reshard "--layout 2 --tp 2 --vision-tp 2" "--layout 2 --vision-tp 2" adamw 1e-5
+      # a key/value head shared by the ranks (grouped-query attention): saved once per rank, joined once
+      gqa_config
+      plain=("${small[@]}")
+      small=("${gqa[@]}")
+      tag=gqa reshard "--layout 2 --tp 2" "--layout 1" adamw 1e-5
+      small=("${plain[@]}")
       # the consolidated export of a tensor-parallel checkpoint is the whole model, bit for bit
       "$train" "${small[@]}" --layout 2 --tp 2 --steps 2 --save "$work/export" > /dev/null
       "${MPX_CHECKPOINT_EXE:?set by CTest: the mpx_checkpoint tool}" info "$work/export/checkpoint" | tail -n 1

@@ -16,6 +16,7 @@
 #include <cmath>   // std::isfinite, std::sqrt
 #include <limits>  // std::numeric_limits
 #include <string>  // std::string
+#include <utility>  // std::move
 #include <vector>  // std::vector
 
 namespace mpx
@@ -31,15 +32,33 @@ inline void unscale(const StageParameters& stages, double scale)
       if (p.grad().defined()) p.mutable_grad().mul_(1.0 / scale);
 }
 
+/// A gradient this rank counts in the global norm: a parameter's whole, or (a tensor-parallel parameter
+/// whose pieces other ranks also hold) rows [start, start + length) of it along `dim`.
+struct NormTerm
+{
+  NormTerm(at::Tensor p) : param(std::move(p)) {}  // NOLINT: a whole parameter converts
+  NormTerm(at::Tensor p, int64_t d, int64_t s, int64_t n) : param(std::move(p)), dim(d), start(s), length(n) {}
+  at::Tensor param;
+  int64_t dim = -1, start = 0, length = 0;  ///< dim -1: the whole gradient
+  at::Tensor grad() const { return dim < 0 ? param.grad() : param.grad().narrow(dim, start, length); }
+};
+using StageNormTerms = std::vector<std::vector<NormTerm>>;  ///< per stage this rank holds, what it counts
+
 /// Sum of squares of this rank's gradients (fp32 norms, squared and summed in double; one host sync). An
 /// inf/NaN anywhere makes it inf/NaN, so one pass finds both.
-inline double local_grad_sq(const StageParameters& stages)
+inline double local_grad_sq(const StageNormTerms& stages)
 {
   std::vector<at::Tensor> norms;
-  for (auto& ps : stages)
-    for (auto& p : ps)
-      if (p.grad().defined()) norms.push_back(p.grad().norm());
+  for (auto& ts : stages)
+    for (auto& t : ts)
+      if (t.param.grad().defined()) norms.push_back(t.grad().norm());
   return norms.empty() ? 0.0 : torch::stack(norms).to(at::kDouble).pow(2).sum().template item<double>();
+}
+inline double local_grad_sq(const StageParameters& stages)
+{
+  StageNormTerms terms;
+  for (auto& ps : stages) terms.emplace_back(ps.begin(), ps.end());
+  return local_grad_sq(terms);
 }
 
 /// What the step's collective agreed on, the same on every rank.

@@ -8,17 +8,18 @@
 /// checkpointing on (`CheckpointBlocks`, or `checkpoint_blocks`). Under `TensorParallel<N>` the slot's
 /// tensor-parallel group is the current `tp::Group` while a stage is built and while it runs (recomputes
 /// included), so modules written with mpx::tp blocks split themselves; `norm_parameters` are the ones this
-/// rank counts in the global gradient norm (every shard, and a replicated parameter on tensor-parallel
-/// rank 0 only). `visit` is the one place a run-time stage index becomes a compile-time one. It knows
+/// rank counts in the global gradient norm (every shard, a piece several ranks share on the first of them,
+/// and a replicated parameter on tensor-parallel rank 0 only). `visit` is the one place a run-time stage index becomes a compile-time one. It knows
 /// nothing of schedules, messages or optimizers.
 
 #include <mpx/pipeline.hpp>                       // mpx::PipelineType
 #include <mpx/runtime/activation_checkpoint.hpp>  // mpx::checkpoint, mpx::BlockCheckpointing
 #include <mpx/runtime/boundary_value.hpp>         // mpx::detail::flatten, unflatten, field_names
 #include <mpx/runtime/errors.hpp>                 // mpx::config_error
+#include <mpx/runtime/grad_stats.hpp>             // mpx::NormTerm
 #include <mpx/runtime/options.hpp>                // mpx::TrainOptions
 #include <mpx/runtime/precision.hpp>              // mpx::AutocastGuard
-#include <mpx/tp/layers.hpp>                      // mpx::tp::Group, Scope, split_parameters, sum_replicated_gradients
+#include <mpx/tp/layers.hpp>                      // mpx::tp::Group, Scope, split_parameters, sum_*_gradients
 
 #include <torch/torch.h>  // torch::nn::Module, torch::Device
 
@@ -73,6 +74,7 @@ class StageSet
     params_.resize(N);
     norm_params_.resize(N);
     sequence_parallel_.assign(N, false);
+    shared_.assign(N, false);
     inputs_.resize(N);
     tp::Scope scope(tp_);
     tp::seed_split_regions(at::detail::getDefaultCPUGenerator().current_seed(), tp_->rank);  // per-rank dropout streams
@@ -80,13 +82,17 @@ class StageSet
   }
 
   /// The parameters of stage `s` this rank counts in the global gradient norm (see the file comment).
-  const std::vector<at::Tensor>& norm_parameters(int s) const { return norm_params_.at(std::size_t(s)); }
-  /// Under sequence parallelism, sums stage s's replicated parameters' gradients over the tensor-parallel
-  /// group (each rank saw 1/N of the sequence); a no-op otherwise.
-  void sum_replicated_gradients(int s)
+  const std::vector<NormTerm>& norm_parameters(int s) const { return norm_params_.at(std::size_t(s)); }
+  /// Completes stage s's gradients that each tensor-parallel rank holds only part of: under sequence
+  /// parallelism the replicated parameters' (each rank saw 1/N of the sequence), and key/value heads shared
+  /// by several ranks (each used them for its own query heads); sums over the group, a no-op otherwise.
+  void sum_partial_gradients(int s)
   {
-    if (!sequence_parallel_[std::size_t(s)]) return;
-    visit(s, [&](auto i) { tp::sum_replicated_gradients(impl(*std::get<decltype(i)::value>(modules_)), tp_); });
+    visit(s, [&](auto i) {
+      auto& m = impl(*std::get<decltype(i)::value>(modules_));
+      if (sequence_parallel_[std::size_t(s)]) tp::sum_replicated_gradients(m, tp_);
+      if (shared_[std::size_t(s)]) tp::sum_shared_gradients(m, tp_);
+    });
   }
   /// Stage s's parameters made whole (split ones gathered over the tensor-parallel group: a collective of
   /// the slot's ranks), in module order: what the unsplit stage would hold.
@@ -231,8 +237,17 @@ class StageSet
     }
     const auto split = tp::split_parameters(mod);
     for (const auto& p : mod.named_parameters()) {
-      const bool is_split = std::any_of(split.begin(), split.end(), [&](auto& sp) { return sp.first == p.key(); });
-      if (is_split || tp_->rank == 0) norm_params_[I].push_back(p.value());
+      auto it = std::find_if(split.begin(), split.end(), [&](auto& sp) { return sp.first == p.key(); });
+      if (it == split.end()) {
+        if (tp_->rank == 0) norm_params_[I].push_back(p.value());  // replicated: counted once
+      } else if (!it->second.shared()) {
+        norm_params_[I].push_back(p.value());
+      } else {  // a shared piece counts on the first rank holding it
+        shared_[I] = true;
+        const auto dim = it->second.dim;
+        for (auto [start, length] : tp::counted_ranges(it->second, p.value().size(dim), tp_->rank, tp_->size))
+          norm_params_[I].emplace_back(p.value(), dim, start, length);
+      }
     }
     auto sp = [](const torch::nn::Module* m) {
       const auto* sm = dynamic_cast<const tp::SplitModule*>(m);
@@ -288,8 +303,9 @@ class StageSet
   std::vector<std::vector<at::Tensor>> params_;
   std::vector<BoundaryInfo> inputs_;  // each stage's input boundary
   tp::GroupPtr tp_;
-  std::vector<std::vector<at::Tensor>> norm_params_;
+  std::vector<std::vector<NormTerm>> norm_params_;
   std::vector<bool> sequence_parallel_;
+  std::vector<bool> shared_;  // stages with key/value heads shared by several tensor-parallel ranks
 };
 
 }  // namespace mpx

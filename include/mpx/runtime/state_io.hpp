@@ -147,7 +147,10 @@ inline nlohmann::json to_json(const FileSum& f)
 {
   nlohmann::json j = {{"bytes", f.bytes}, {"xxh3", f.xxh3}, {"tensors", f.tensors}};
   if (f.global_names) j["global_names"] = true;
-  for (auto& [name, sp] : f.splits) j["splits"][name] = {{"dim", sp.dim}, {"parts", sp.parts}};
+  for (auto& [name, sp] : f.splits) {
+    j["splits"][name] = {{"dim", sp.dim}, {"parts", sp.parts}};
+    if (sp.shared()) j["splits"][name]["shares"] = sp.shares;
+  }
   return j;
 }
 inline FileSum from_json(const nlohmann::json& e)
@@ -157,9 +160,12 @@ inline FileSum from_json(const nlohmann::json& e)
   f.tensors = e.value("tensors", std::vector<std::string>{}), f.global_names = e.value("global_names", false);
   if (e.contains("splits"))
     for (auto& [name, sp] : e.at("splits").items()) {
-      tp::Split s{name, sp.at("dim").get<int64_t>(), sp.at("parts").get<std::vector<int64_t>>()};
-      if (s.dim < 0 || s.dim > 16 || std::any_of(s.parts.begin(), s.parts.end(), [](int64_t p) { return p <= 0; }))
-        throw std::invalid_argument("the split of " + name + " is not a dimension and positive part sizes");
+      tp::Split s{name, sp.at("dim").get<int64_t>(), sp.at("parts").get<std::vector<int64_t>>(),
+                  sp.value("shares", std::vector<int64_t>{})};
+      auto positive = [](const std::vector<int64_t>& v) { return std::all_of(v.begin(), v.end(), [](int64_t p) { return p > 0; }); };
+      if (s.dim < 0 || s.dim > 16 || !positive(s.parts) || !positive(s.shares) ||
+          (!s.shares.empty() && s.shares.size() != std::max<std::size_t>(s.parts.size(), 1)))
+        throw std::invalid_argument("the split of " + name + " is not a dimension, positive part sizes and positive shares, one per part");
       f.splits[name] = std::move(s);
     }
   return f;

@@ -82,7 +82,7 @@ class Trainer
     st.schedule_seconds = seconds(clock::now() - t0);
     buckets_.finish();
     for (int s = 0; s < N; ++s)
-      if (stages_.holds(s)) stages_.sum_replicated_gradients(s);  // sequence parallelism only
+      if (stages_.holds(s)) stages_.sum_partial_gradients(s);  // sequence parallelism, shared key/value heads
     call_before_optimizer();
     if (scaler_.enabled()) unscale(held_, scaler_.scale());
     // the loss once per replica (tensor-parallel rank 0 of the last slot), each parameter once in the norm
@@ -185,7 +185,7 @@ class Trainer
   GradientBuckets buckets_;
   TraceRecorder trace_;
   StageParameters held_;     // this rank's stages' parameters, in stage order
-  StageParameters counted_;  // those it counts in the global gradient norm (tensor parallelism: each once)
+  StageNormTerms counted_;   // those it counts in the global gradient norm (tensor parallelism: each once)
   double expected_bubble_ = 0;
   long step_ = 0;
   StepStats last_;

@@ -4,8 +4,10 @@
 /// Tensor-parallel building blocks, ordinary LibTorch modules that split themselves over the current
 /// `tp::Group` (group.hpp) when built, and are their plain counterparts in a group of one:
 /// - `ColumnLinear(in, out)`: the output features split N ways (a fused projection split per part:
-///   `parts = {q, k, v}` takes this rank's share of each), input replicated (or, with sequence
-///   parallelism, gathered from sequence shards); optionally gathers its output.
+///   `parts = {q, k, v}` takes this rank's share of each; with `units = {H, K, K}` heads, a part of fewer
+///   heads than ranks is shared, each head held by N / K adjacent ranks, and `sum_shared_gradients` sums
+///   their gradients), input replicated (or, with sequence parallelism, gathered from sequence shards);
+///   optionally gathers its output.
 /// - `RowLinear(in, out)`: the input features split N ways, partial outputs summed (or reduce-scattered
 ///   to sequence shards); the bias is added once, after the sum.
 /// - `VocabEmbedding(V, D)`: rows of the table split N ways; ids outside this rank's range look up zeros,
@@ -21,23 +23,61 @@
 
 #include <torch/torch.h>  // torch::nn
 
-#include <algorithm>  // std::find
+#include <algorithm>  // std::find_if, std::any_of, std::all_of
 #include <cmath>    // std::sqrt
 #include <numeric>  // std::accumulate
 #include <string>   // std::string
+#include <utility>  // std::pair
 #include <vector>   // std::vector
 
 namespace mpx::tp
 {
 
 /// How one parameter is split: along `dim`, in `parts` (the sizes along dim of the fused parts, each
-/// split N ways; one part for a plain split).
+/// split N ways; one part for a plain split). A part may be *shared*: with `shares[i]` = s > 1, part i is
+/// cut into N / s pieces and each piece is held by s adjacent ranks (rank r holds piece r / s) — the
+/// key/value heads of grouped-query attention when there are fewer of them than ranks.
 struct Split
 {
   std::string name;  ///< the parameter's name in its module ("weight")
   int64_t dim = 0;
-  std::vector<int64_t> parts;  ///< full sizes; empty: one part, the whole dimension
+  std::vector<int64_t> parts;   ///< full sizes; empty: one part, the whole dimension
+  std::vector<int64_t> shares = {};  ///< per part, the ranks holding each of its pieces; empty: 1 each
+
+  int64_t share(std::size_t part) const { return part < shares.size() ? shares[part] : 1; }
+  bool shared() const { return std::any_of(shares.begin(), shares.end(), [](int64_t s) { return s > 1; }); }
 };
+
+namespace detail
+{
+/// One part of a split parameter as one rank holds it: the full part's size, how many ranks hold each
+/// piece, this rank's piece (offset within the full part, size) and where it sits in the local tensor.
+struct PartPiece
+{
+  int64_t full = 0, share = 1, piece = 0, size = 0, local_offset = 0;
+};
+/// The pieces rank `rank` of `size` holds under `s`, part by part; `full` is the whole dimension's size
+/// when `s` has one part (empty `parts`).
+inline std::vector<PartPiece> pieces_of(const Split& s, int64_t full, int rank, int size)
+{
+  const std::vector<int64_t> parts = s.parts.empty() ? std::vector<int64_t>{full} : s.parts;
+  std::vector<PartPiece> out;
+  int64_t local = 0;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    PartPiece p;
+    p.full = parts[i], p.share = s.share(i);
+    if (p.share < 1 || size % p.share != 0)
+      throw config_error("mpx::tp: part " + std::to_string(i) + " of '" + s.name + "' is shared by " + std::to_string(p.share) +
+                         " ranks, which does not divide the group of " + std::to_string(size));
+    p.size = shard_size(p.full, int(size / p.share), "a split part of '" + s.name + "'");
+    p.piece = rank / p.share;
+    p.local_offset = local;
+    local += p.size;
+    out.push_back(p);
+  }
+  return out;
+}
+}  // namespace detail
 
 /// A module that holds split parameters (see the file comment).
 struct SplitModule
@@ -49,35 +89,36 @@ struct SplitModule
   virtual bool sequence_parallel() const { return false; }
 };
 
-/// Shard `rank` of `size` of full tensor `full` under `s` (each part's rank-th size-th along s.dim).
+/// Shard `rank` of `size` of full tensor `full` under `s` (each part's piece rank / share, of size / share).
 inline at::Tensor shard(const at::Tensor& full, const Split& s, int rank, int size)
 {
-  const std::vector<int64_t> parts = s.parts.empty() ? std::vector<int64_t>{full.size(s.dim)} : s.parts;
   std::vector<at::Tensor> mine;
   int64_t off = 0;
-  for (auto p : parts) {
-    const auto n = shard_size(p, size, "a split part of '" + s.name + "'");
-    mine.push_back(full.narrow(s.dim, off + rank * n, n));
-    off += p;
+  for (const auto& p : detail::pieces_of(s, full.size(s.dim), rank, size)) {
+    mine.push_back(full.narrow(s.dim, off + p.piece * p.size, p.size));
+    off += p.full;
   }
   return torch::cat(mine, s.dim).clone();
 }
 /// This rank's shard of full tensor `full` under `s`.
 inline at::Tensor shard(const at::Tensor& full, const Split& s, const Group& g) { return shard(full, s, g.rank, g.size); }
 
-/// The full tensor whose shards under `s` are `shards` (shard r of shards.size(), in order): `shard`'s inverse.
+/// The size along `s.dim` of the full tensor of which a member of a group of `size` holds `local_size`.
+inline int64_t unsplit_size(int64_t local_size, const Split& s, int size)
+{
+  if (!s.parts.empty()) return std::accumulate(s.parts.begin(), s.parts.end(), int64_t(0));
+  return local_size * (size / s.share(0));
+}
+
+/// The full tensor whose shards under `s` are `shards` (shard r of shards.size(), in order): `shard`'s
+/// inverse (a shared piece is taken from the first rank that holds it).
 inline at::Tensor join(const std::vector<at::Tensor>& shards, const Split& s)
 {
-  const auto n = int64_t(shards.size());
-  const int64_t local_size = shards.at(0).size(s.dim);
-  const std::vector<int64_t> parts = s.parts.empty() ? std::vector<int64_t>{local_size * n} : s.parts;
+  const int n = int(shards.size());
+  const auto full = unsplit_size(shards.at(0).size(s.dim), s, n);
   std::vector<at::Tensor> out;
-  int64_t off = 0;
-  for (auto p : parts) {
-    const auto each = p / n;
-    for (auto& sh : shards) out.push_back(sh.narrow(s.dim, off, each));
-    off += each;
-  }
+  for (const auto& p : detail::pieces_of(s, full, 0, n))
+    for (int64_t piece = 0; piece < n / p.share; ++piece) out.push_back(shards[std::size_t(piece * p.share)].narrow(s.dim, p.local_offset, p.size));
   return torch::cat(out, s.dim);
 }
 
@@ -95,6 +136,10 @@ struct ColumnLinearOptions
   TORCH_ARG(bool, bias) = true;
   TORCH_ARG(bool, gather_output) = false;       ///< all-gather the output (one part only)
   TORCH_ARG(std::vector<int64_t>, parts) = {};  ///< fused parts' sizes (sum = out_features); empty: one
+  /// Per part, how many indivisible units (attention heads) it holds; empty: any even split. A part with
+  /// fewer units than ranks is shared: each unit is held by N / units adjacent ranks (grouped-query key/value
+  /// heads), which needs N to be a multiple of the units.
+  TORCH_ARG(std::vector<int64_t>, units) = {};
   TORCH_ARG(bool, sequence_parallel) = false;   ///< the input arrives split along dim 1 (the sequence)
 };
 
@@ -107,23 +152,41 @@ struct ColumnLinearImpl : torch::nn::Module, SplitModule
     const auto& parts = o.parts();
     if (!parts.empty() && std::accumulate(parts.begin(), parts.end(), int64_t(0)) != o.out_features())
       throw config_error("mpx::tp::ColumnLinear: the parts' sizes must add up to out_features (" + std::to_string(o.out_features()) + ")");
-    if (o.gather_output() && parts.size() > 1)
-      throw config_error("mpx::tp::ColumnLinear: gather_output needs a single part; gather the parts after splitting them");
+    if (o.gather_output() && (parts.size() > 1 || !o.units().empty()))
+      throw config_error("mpx::tp::ColumnLinear: gather_output needs a single part without units; gather the parts after splitting them");
+    split_ = {"weight", 0, parts, shares_of(o, group_->size)};
     torch::nn::Linear full(torch::nn::LinearOptions(o.in_features(), o.out_features()).bias(o.bias()));  // the unsplit draw
-    weight = register_parameter("weight", shard(full->weight.detach(), {"weight", 0, parts}, *group_));
-    if (o.bias()) bias = register_parameter("bias", shard(full->bias.detach(), {"bias", 0, parts}, *group_));
+    weight = register_parameter("weight", shard(full->weight.detach(), split_, *group_));
+    if (o.bias()) bias = register_parameter("bias", shard(full->bias.detach(), {"bias", 0, parts, split_.shares}, *group_));
+  }
+  /// How many ranks hold each part's pieces at degree n (see ColumnLinearOptions::units).
+  static std::vector<int64_t> shares_of(const ColumnLinearOptions& o, int n)
+  {
+    const auto& units = o.units();
+    if (units.empty()) return {};
+    if (units.size() != std::max<std::size_t>(o.parts().size(), 1))
+      throw config_error("mpx::tp::ColumnLinear: give units for every part (" + std::to_string(o.parts().size()) + "), or none");
+    std::vector<int64_t> shares;
+    for (auto u : units) {
+      if (u <= 0 || (u % n != 0 && n % u != 0))
+        throw config_error("mpx::tp::ColumnLinear: a part of " + std::to_string(u) + " units (heads) cannot be split over " + std::to_string(n) +
+                           " ranks: the degree must divide the units, or be a multiple of them (each unit then held by degree / units ranks)");
+      shares.push_back(u >= n ? 1 : n / u);
+    }
+    if (std::all_of(shares.begin(), shares.end(), [](int64_t x) { return x == 1; })) return {};
+    return shares;
   }
   torch::Tensor forward(const torch::Tensor& x)
   {
-    const auto in = options.sequence_parallel() ? gather_sequence(x, 1, group_) : copy_to(x, group_);
-    auto y = torch::nn::functional::linear(in, weight, bias);
+    auto y = options.sequence_parallel() ? gathered_linear(x, weight, bias, 1, group_)  // keeps the shard, not the gathered input
+                                         : torch::nn::functional::linear(copy_to(x, group_), weight, bias);
     return options.gather_output() ? gather_from(y, -1, group_) : y;
   }
   bool sequence_parallel() const override { return options.sequence_parallel() && group_->size > 1; }
   std::vector<Split> splits() const override
   {
-    std::vector<Split> s{{"weight", 0, options.parts()}};
-    if (options.bias()) s.push_back({"bias", 0, options.parts()});
+    std::vector<Split> s{split_};
+    if (options.bias()) s.push_back({"bias", 0, split_.parts, split_.shares});
     return s;
   }
   const GroupPtr& group() const override { return group_; }
@@ -133,6 +196,7 @@ struct ColumnLinearImpl : torch::nn::Module, SplitModule
 
  private:
   GroupPtr group_;
+  Split split_;
 };
 TORCH_MODULE(ColumnLinear);
 
@@ -175,11 +239,11 @@ struct RowLinearImpl : torch::nn::Module, SplitModule
 };
 TORCH_MODULE(RowLinear);
 
-/// The sizes of the full tensor of which `local` is one member's shard under `s` (every part splits evenly).
+/// The sizes of the full tensor of which `local` is one member's shard under `s`.
 inline std::vector<int64_t> unsplit_sizes(const at::Tensor& local, const Split& s, const Group& g)
 {
   auto sizes = local.sizes().vec();
-  sizes[std::size_t(s.dim)] *= g.size;
+  sizes[std::size_t(s.dim)] = unsplit_size(local.size(s.dim), s, g.size);
   return sizes;
 }
 
@@ -259,19 +323,80 @@ inline std::vector<std::pair<std::string, Split>> split_parameters(const torch::
   return out;
 }
 
-/// This rank's share of the squared gradient norm of `m`: its split parameters' squares, and the replicated
-/// ones' on the group's first rank only — summed over the group, each parameter counts once (not N times).
+/// The ranges [start, start + length) along `s.dim` of a local shard (of `local_size` along it) that rank
+/// `rank` of `size` counts in norms: all of it, except the pieces of shared parts that a lower rank also
+/// holds (each piece counts once, on the first of the ranks that hold it). Adjacent ranges are merged.
+inline std::vector<std::pair<int64_t, int64_t>> counted_ranges(const Split& s, int64_t local_size, int rank, int size)
+{
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const auto& p : detail::pieces_of(s, unsplit_size(local_size, s, size), rank, size)) {
+    if (rank % p.share != 0) continue;
+    if (!out.empty() && out.back().first + out.back().second == p.local_offset) out.back().second += p.size;
+    else out.emplace_back(p.local_offset, p.size);
+  }
+  return out;
+}
+
+/// This rank's share of the squared gradient norm of `m`: its split parameters' squares (a shared piece on
+/// the first rank holding it only), and the replicated ones' on the group's first rank only — summed over
+/// the group, each parameter counts once (not N times).
 inline double local_gradient_sq(const torch::nn::Module& m, const GroupPtr& g = current())
 {
-  std::vector<std::string> split;
-  for (auto& [name, s] : split_parameters(m)) split.push_back(name);
+  const auto split = split_parameters(m);
   double sq = 0;
   for (const auto& p : m.named_parameters()) {
-    if (!p.value().grad().defined()) continue;
-    const bool is_split = std::find(split.begin(), split.end(), p.key()) != split.end();
-    if (is_split || g->rank == 0) sq += p.value().grad().to(at::kDouble).pow(2).sum().item<double>();
+    const auto& grad = p.value().grad();
+    if (!grad.defined()) continue;
+    auto it = std::find_if(split.begin(), split.end(), [&](auto& sp) { return sp.first == p.key(); });
+    if (it == split.end()) {
+      if (g->rank == 0) sq += grad.to(at::kDouble).pow(2).sum().item<double>();
+      continue;
+    }
+    for (auto [start, length] : counted_ranges(it->second, grad.size(it->second.dim), g->rank, g->size))
+      sq += grad.narrow(it->second.dim, start, length).to(at::kDouble).pow(2).sum().item<double>();
   }
   return sq;
+}
+
+/// Under grouped-query attention with fewer key/value heads than ranks, the ranks sharing a head each hold
+/// the gradient of their own query heads' use of it: sums every shared piece's gradient over the ranks
+/// that hold it (one all-reduce for the whole module, each piece placed at its place in the full part).
+inline void sum_shared_gradients(const torch::nn::Module& m, const GroupPtr& g = current())
+{
+  if (g->size == 1) return;
+  struct Shared
+  {
+    at::Tensor mine;  // this rank's piece of the gradient (a view: summed in place)
+    int64_t dim, offset;  // where it sits in its full part
+    at::Tensor full;  // the full part, zero but for this piece
+  };
+  std::vector<Shared> shared;
+  const auto split = split_parameters(m);
+  for (const auto& p : m.named_parameters()) {
+    auto grad = p.value().grad();
+    auto it = std::find_if(split.begin(), split.end(), [&](auto& sp) { return sp.first == p.key(); });
+    if (!grad.defined() || it == split.end() || !it->second.shared()) continue;
+    const auto& s = it->second;
+    for (const auto& piece : detail::pieces_of(s, unsplit_size(grad.size(s.dim), s, g->size), g->rank, g->size)) {
+      if (piece.share == 1) continue;
+      auto sizes = grad.sizes().vec();
+      sizes[std::size_t(s.dim)] = piece.full;
+      Shared sh{grad.narrow(s.dim, piece.local_offset, piece.size), s.dim, piece.piece * piece.size, torch::zeros(sizes, grad.options())};
+      sh.full.narrow(s.dim, sh.offset, piece.size).copy_(sh.mine);
+      shared.push_back(std::move(sh));
+    }
+  }
+  if (shared.empty()) return;
+  std::vector<at::Tensor> flat;
+  for (auto& sh : shared) flat.push_back(sh.full.reshape({-1}));
+  auto buffer = torch::cat(flat);
+  all_reduce(*g, buffer, "sum_shared_gradients (key/value heads shared by several ranks)");
+  int64_t off = 0;
+  for (auto& sh : shared) {
+    const auto summed = buffer.narrow(0, off, sh.full.numel()).view(sh.full.sizes());
+    sh.mine.copy_(summed.narrow(sh.dim, sh.offset, sh.mine.size(sh.dim)));
+    off += sh.full.numel();
+  }
 }
 
 /// Under sequence parallelism every replicated parameter (LayerNorm, a row-parallel bias, positions) sees

@@ -13,7 +13,8 @@
 /// - Sequence parallelism (arXiv 2205.05198): `gather_sequence(x, dim)` (all-gather forward, reduce-scatter
 ///   backward) before a split region, `reduce_scatter_sequence(x, dim)` (reduce-scatter forward,
 ///   all-gather backward) in place of `reduce_from` after it, so that the regions between (LayerNorm,
-///   residual, dropout) hold 1/N of the sequence.
+///   residual, dropout) hold 1/N of the sequence; `gathered_linear(x, w, b, dim)` is a gather and a linear
+///   in one, which keeps only the shard for its backward and gathers it again there.
 /// With a group of one every operator is the identity. `slice_of(x, dim)` is this rank's slice, as a plain
 /// (autograd-ordinary) narrow: under sequence parallelism, of a replicated parameter's output whose
 /// gradient is then summed over the group with the others (layers.hpp, `sum_replicated_gradients`).
@@ -111,6 +112,36 @@ struct AlongDim : torch::autograd::Function<AlongDim<Fwd, Bwd>>
     return {along(Bwd, *group_of(ctx), grads[0], ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
   }
 };
+/// `linear(gather_sequence(x), w, b)` that keeps only x (this rank's sequence shard) for the backward and
+/// gathers it again there (Megatron-LM's sequence-parallel column linear): the gathered input, N times
+/// the shard, is never held between the forward and the backward.
+struct GatheredLinear : torch::autograd::Function<GatheredLinear>
+{
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, GroupPtr g, int64_t dim)
+  {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["bias"] = b.defined();
+    auto y = torch::nn::functional::linear(gathered(*g, x.contiguous(), dim, "the sequence-parallel column linear's all-gather"), w, b);
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads)
+  {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &w = saved[1];
+    const auto g = group_of(ctx);
+    const auto dim = ctx->saved_data["dim"].toInt();
+    const auto gy = grads[0];  // (..., out/N), in the forward's compute dtype (autocast: bf16)
+    const auto full = gathered(*g, x.contiguous(), dim, "backward of the sequence-parallel column linear (its input gathered again)");
+    const auto gy2 = gy.reshape({-1, gy.size(-1)});
+    auto gw = gy2.t().matmul(full.reshape({-1, full.size(-1)}).to(gy.scalar_type())).to(w.scalar_type());
+    auto gb = ctx->saved_data["bias"].toBool() ? gy2.sum(0).to(w.scalar_type()) : at::Tensor();
+    auto gx = reduce_scattered(*g, gy.matmul(w.to(gy.scalar_type())), dim, "backward of the sequence-parallel column linear (reduce-scatter)");
+    return {gx.to(x.scalar_type()), gw, gb, at::Tensor(), at::Tensor()};
+  }
+};
+
 using GatherFrom = AlongDim<Along::gather, Along::slice>;
 using ScatterTo = AlongDim<Along::slice, Along::gather>;
 using GatherSequence = AlongDim<Along::gather, Along::reduce_scatter>;
@@ -146,6 +177,12 @@ inline at::Tensor gather_sequence(const at::Tensor& x, int64_t dim = 1, const Gr
 inline at::Tensor reduce_scatter_sequence(const at::Tensor& x, int64_t dim = 1, const GroupPtr& g = current())
 {
   return g->size == 1 ? x : detail::ReduceScatterSequence::apply(x, g, dim < 0 ? dim + x.dim() : dim);
+}
+/// `linear(gather_sequence(x, dim), w, b)`, holding only the shard x for the backward (see GatheredLinear).
+inline at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, int64_t dim = 1, const GroupPtr& g = current())
+{
+  if (g->size == 1) return torch::nn::functional::linear(x, w, b);
+  return detail::GatheredLinear::apply(x, w, b, g, dim < 0 ? dim + x.dim() : dim);
 }
 
 }  // namespace mpx::tp
