@@ -13,9 +13,9 @@ constexpr int microbatches = 8;
 
 struct StackImpl : torch::nn::Module
 {
-  StackImpl(int layers)
+  explicit StackImpl(int layers, int width = dim)
   {
-    for (int i = 0; i < layers; ++i) fcs->push_back(torch::nn::Linear(dim, dim));
+    for (int i = 0; i < layers; ++i) fcs->push_back(torch::nn::Linear(width, width));
     register_module("fcs", fcs);
   }
   torch::Tensor forward(torch::Tensor x)

@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The small-work benchmark's report (called by run.sh): WORK holds raw.txt ("round m mode seconds"),
+detail.txt ("round m mode rank step schedule compute wait optimizer end-of-step", ms) and trace_<m>.json
+(the last step of a 1F1B run, every rank). Prints Markdown.
+
+    python3 report.py WORK M...
+"""
+import collections
+import json
+import statistics
+import sys
+
+work, ms = sys.argv[1], [int(m) for m in sys.argv[2:]]
+MODES = ["whole", "accumulate", "gpipe", "1f1b", "zbh1", "handwritten", "py-gpipe", "py-1f1b"]
+MPX = ["gpipe", "1f1b", "zbh1"]
+med = statistics.median
+
+raw = collections.defaultdict(dict)  # (m, mode) -> {round: seconds}
+for line in open(f"{work}/raw.txt"):
+    r, m, mode, t = line.split()
+    raw[(int(m), mode)][int(r)] = float(t)
+detail = collections.defaultdict(list)  # (m, mode, rank) -> [(step, schedule, compute, wait, optimizer, rest)]
+for line in open(f"{work}/detail.txt"):
+    f = line.split()
+    detail[(int(f[1]), f[2], int(f[3]))].append(tuple(map(float, f[4:])))
+
+
+def paired(m, a, b):
+    """Median over rounds of a's step time / b's, within each round."""
+    rounds = sorted(set(raw.get((m, a), {})) & set(raw.get((m, b), {})))
+    return med(raw[(m, a)][r] / raw[(m, b)][r] for r in rounds) if rounds else float("nan")
+
+
+print("## Step time and paired ratios")
+print()
+print("Ratios are step-time ratios within a round, then the median over the rounds: below 1 is faster. "
+      "'vs 1F1B' divides by mpx 1F1B's step; 'speed-up' is one process accumulating m micro-batches divided by the contender.")
+print()
+for m in ms:
+    print(f"### m = {m} ({8 * m} rows per step)")
+    print()
+    print("| contender | step (ms) | vs mpx 1F1B | speed-up over one process (accumulating) | over one process (whole batch) |")
+    print("|---|---|---|---|---|")
+    for mode in MODES:
+        if (m, mode) not in raw:
+            continue
+        t = med(raw[(m, mode)].values()) * 1e3
+        print(f"| {mode} | {t:.2f} | {paired(m, mode, '1f1b'):.3f} | {1 / paired(m, mode, 'accumulate'):.3f} | "
+              f"{1 / paired(m, mode, 'whole'):.3f} |")
+    print()
+
+print("## Where mpx's step goes (per rank, medians over the rounds, ms)")
+print()
+print("schedule = walking the actions (compute, waits for data, sends and receive posts); end-of-step = the step less the "
+      "walk and the optimizer (gradient statistics, the loss/norm/inf all-reduce, zeroing); utilisation = compute / step.")
+print()
+print("| m | schedule | rank | step | schedule walk | compute | waits | optimizer | end-of-step | utilisation |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for m in ms:
+    for mode in MPX:
+        for rank in (0, 1):
+            rows = detail.get((m, mode, rank))
+            if not rows:
+                continue
+            c = [med(x[i] for x in rows) for i in range(6)]
+            print(f"| {m} | {mode} | {rank} | {c[0]:.2f} | {c[1]:.2f} | {c[2]:.2f} | {c[3]:.2f} | {c[4]:.2f} | {c[5]:.2f} | {c[2] / c[0]:.2f} |")
+print()
+
+print("## Per-action costs in mpx 1F1B (the last step's trace, µs)")
+print()
+print("send / receive post: the action's whole duration; gap: from one action's end to the next one's start "
+      "(the executor's own time between actions); compute: a forward's or backward's work, less its wait.")
+print()
+print("| m | sends | mean send | receive posts | mean receive post | mean gap between actions | mean forward | mean backward | waits (sum) |")
+print("|---|---|---|---|---|---|---|---|---|")
+for m in ms:
+    try:
+        trace = json.load(open(f"{work}/trace_{m}.json"))["traceEvents"]
+    except (OSError, ValueError):
+        continue
+    by_rank = collections.defaultdict(list)
+    for e in trace:
+        if e.get("ph") == "X":
+            by_rank[e["tid"]].append(e)
+    kinds = collections.defaultdict(list)
+    gaps, waits = [], 0
+    for events in by_rank.values():
+        events.sort(key=lambda e: e["ts"])
+        for prev, e in zip(events, events[1:]):
+            gaps.append(e["ts"] - (prev["ts"] + prev["dur"]))
+        for e in events:
+            name = e["name"]
+            if e["cat"] == "wait":
+                waits += e["dur"]
+            elif name.startswith(("SF", "SB")):
+                kinds["send"].append(e["dur"])
+            elif name.startswith(("RF", "RB")):
+                kinds["recv"].append(e["dur"])
+            elif name.startswith("F"):
+                kinds["F"].append(e["dur"])
+            else:
+                kinds["B"].append(e["dur"])
+    mean = lambda v: sum(v) / len(v) if v else float("nan")
+    print(f"| {m} | {len(kinds['send'])} | {mean(kinds['send']):.0f} | {len(kinds['recv'])} | {mean(kinds['recv']):.0f} | "
+          f"{mean(gaps):.0f} | {mean(kinds['F']):.0f} | {mean(kinds['B']):.0f} | {waits} |")
+print()
+
+print("## Raw step times per round (s)")
+print()
+for m in ms:
+    for mode in MODES:
+        if (m, mode) in raw:
+            print(f"- m = {m}, {mode}: " + " ".join(f"{raw[(m, mode)][r]:.6f}" for r in sorted(raw[(m, mode)])))

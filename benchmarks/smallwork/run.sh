@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Small-work benchmark: step time of a model whose step is a few to a few tens of milliseconds (2 x 4 layers
+# of Linear 512x512 + GELU, AdamW, micro-batches of 8 rows) at m = 2, 4, 8, 16 micro-batches, for one process
+# (the whole batch at once, and accumulating m micro-batches), mpx on two CPU ranks (GPipe, 1F1B, ZB-H1), the
+# hand-written c10d 1F1B program and a plain Python torch.distributed loop (GPipe and 1F1B). One intra-op
+# thread per rank. Every round runs every contender at every m, the order rotated from round to round, so
+# that the shared machine's noise hits all alike; the report gives paired ratios (within a round, then the
+# median over rounds), mpx's time split per rank, and the per-action costs read from a 1F1B trace.
+# Writes benchmarks/results/smallwork_<host>_<date>.md.
+#   benchmarks/smallwork/run.sh [build-dir] [rounds] [steps]     (MS="2 4" to run fewer m)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build}; rounds=${2:-5}; steps=${3:-20}
+ms=${MS:-"2 4 8 16"}
+bench=$build/benchmarks/smallwork/smallwork_bench
+mpxrun=$build/tools/mpxrun
+py=benchmarks/smallwork/python_pipeline.py
+python=${PYTHON:-/usr/bin/python3}  # Debian's, with python3-torch (a pyenv python3 first on PATH has no torch)
+modes=(whole accumulate gpipe 1f1b zbh1 handwritten py-gpipe py-1f1b)
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+run() {  # <mode> <m>: the contender's output, without rank prefixes
+  case $1 in
+    handwritten) "$mpxrun" --no-prefix --nproc-per-node 2 "$bench" handwritten "$2" "$steps" ;;
+    py-*) "$mpxrun" --no-prefix --nproc-per-node 2 "$python" "$py" "${1#py-}" "$2" "$steps" ;;
+    *) "$bench" "$1" "$2" "$steps" ;;
+  esac | sed 's/^\[rank [0-9]*\] //'
+}
+for ((r = 0; r < rounds; r++)); do
+  for m in $ms; do
+    for ((k = 0; k < ${#modes[@]}; k++)); do
+      mode=${modes[$(((k + r) % ${#modes[@]}))]}
+      out=$(run "$mode" "$m")
+      t=$(echo "$out" | awk '/^result/ {print $4}')
+      [ -n "$t" ] || { echo "$mode at m = $m printed no result:"; echo "$out"; exit 1; }
+      echo "$r $m $mode $t" >> "$work/raw.txt"
+      echo "$out" | awk -v r="$r" -v m="$m" -v mode="$mode" '/^detail/ {print r, m, mode, $2, $3, $4, $5, $6, $7, $8}' >> "$work/detail.txt"
+      echo "round $r m $m $mode $t s"
+    done
+  done
+done
+for m in $ms; do MPX_BENCH_TRACE="$work/trace_$m.json" run 1f1b "$m" > /dev/null; done
+out=benchmarks/results/smallwork_$(hostname -s)_$(date +%Y%m%d).md
+source benchmarks/results_file.sh && keep_earlier "$out"
+{
+  echo "# Small work: mpx against one process, hand-written c10d and a Python loop"
+  echo
+  echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB"
+  echo "- LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null), $(g++ --version | head -n 1), Python torch $("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null), Gloo over loopback"
+  echo "- model: 2 x 4 layers of Linear 512x512 + GELU, AdamW (lr 1e-4), loss mean(y^2); micro-batches of 8 rows, m per step; one intra-op thread per rank; clipping off"
+  echo "- each run: median step time over $steps steps after 2 warm-up steps (pipelines: the slower rank's); $rounds rounds, the contenders' order rotated each round"
+  echo
+  python3 benchmarks/smallwork/report.py "$work" $ms
+} > "$out"
+append_earlier "$out"
+cat "$out"

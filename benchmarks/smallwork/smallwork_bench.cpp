@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+// Small-work benchmark: a balanced model whose step takes a few to a few tens of milliseconds on these
+// CPUs (2 x 4 layers of Linear 512x512 + GELU, AdamW, micro-batches of 8 rows), m micro-batches per step:
+//   whole        one process, the whole batch of m micro-batches in one forward and backward
+//   accumulate   one process, m micro-batches, gradients accumulated
+//   gpipe | 1f1b | zbh1   mpx::Trainer, two CPU ranks, one stage each
+//   handwritten  plain c10d 1F1B (../handwritten.hpp); start it with mpxrun --nproc-per-node 2
+// One intra-op thread per rank. Rank 0 prints "result <mode> <m> <median seconds per step>"; mpx modes also
+// print, per rank, "detail <rank> <step> <schedule> <compute> <wait> <optimizer> <end-of-step>" (medians, ms:
+// end-of-step is the step less its schedule walk and its optimizer steps: gradient statistics, the loss
+// and norm all-reduce, zeroing). MPX_BENCH_TRACE=<file> writes the last step's Chrome trace (mpx modes).
+//   smallwork_bench MODE M [steps]
+#include "../handwritten.hpp"
+#include "../runtime/model.hpp"
+
+#include <mpx/mpx.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+namespace
+{
+constexpr int width = 512, layers_per_stage = 4, rows = 8;
+
+double median(std::vector<double> v)
+{
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+std::vector<torch::Tensor> batches(int steps, int m)
+{
+  std::vector<torch::Tensor> out;
+  for (int s = 0; s < steps; ++s) out.push_back(torch::randn({rows * m, width}, at::make_generator<at::CPUGeneratorImpl>(s)));
+  return out;
+}
+torch::Tensor loss(const torch::Tensor& y) { return y.pow(2).mean(); }
+
+int one_process(bool whole, int m, int steps)
+{
+  mpx::keep_host_memory();  // as make_world does in the pipelined modes
+  torch::manual_seed(0);
+  bench::Stack model(2 * layers_per_stage, width);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-4));
+  std::vector<double> t;
+  const auto data = batches(steps + 2, m);
+  for (int s = 0; s < steps + 2; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (whole) loss(model->forward(data[std::size_t(s)])).backward();
+    else
+      for (auto& mb : data[std::size_t(s)].chunk(m)) (loss(model->forward(mb)) / double(m)).backward();
+    opt.step();
+    opt.zero_grad();
+    if (s >= 2) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::printf("result %s %d %.6f\n", whole ? "whole" : "accumulate", m, median(t));
+  return 0;
+}
+
+int handwritten_run(int m, int steps)
+{
+  mpx::keep_host_memory();
+  const int rank = std::atoi(std::getenv("RANK"));
+  torch::manual_seed(rank);
+  bench::Stack stage(layers_per_stage, width);
+  torch::optim::AdamW opt(stage->parameters(), torch::optim::AdamWOptions(1e-4));
+  handwritten::Setup su{[&](const at::Tensor& x) { return stage->forward(x); }, loss, &opt, m, {rows, width}};
+  const double t = handwritten::run(su, rank, batches(steps + 2, m), steps);
+  if (rank == 0) std::printf("result handwritten %d %.6f\n", m, t);
+  return 0;
+}
+
+template <class Sched, int M>
+using P2 = mpx::Pipeline<mpx::Stage<bench::Stack, mpx::CPU<0>, mpx::Optimizer<mpx::AdamW>>,
+                         mpx::Stage<bench::Stack, mpx::CPU<1>, mpx::Optimizer<mpx::AdamW>>, mpx::Schedule<Sched>, mpx::Microbatches<M>>;
+
+template <class Sched, int M>
+int pipelined(const std::string& name, int steps, int argc, char** argv)
+{
+  using P = P2<Sched, M>;
+  if (const int st = mpx::relaunch_self(P::num_slots, argc, argv); st >= 0) return st;
+  torch::set_num_threads(1);
+  auto env = mpx::read_env();
+  auto world = mpx::make_world<P>(env);
+  auto make = [](auto stage) {
+    torch::manual_seed(decltype(stage)::value);
+    return bench::Stack(layers_per_stage, width);
+  };
+  mpx::TrainOptions o;
+  o.lr = mpx::WarmupCosine{1e-4, 0, 1, 1.0};
+  const char* trace = std::getenv("MPX_BENCH_TRACE");
+  o.trace = trace != nullptr;
+  mpx::Trainer<P, torch::Tensor> trainer(world, make, [](const torch::Tensor& x) { return x; },
+                                         [](const torch::Tensor& y, const torch::Tensor&) { return loss(y); }, o);
+  std::vector<double> t, sched, compute, wait, optim, rest;
+  const auto data = batches(steps + 2, M);
+  for (int s = 0; s < steps + 2; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto st = trainer.step(mpx::split_microbatches(data[std::size_t(s)], M));
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s < 2) continue;
+    t.push_back(wall), sched.push_back(st.schedule_seconds), compute.push_back(st.compute_seconds), wait.push_back(st.wait_seconds);
+    optim.push_back(st.optimizer_seconds), rest.push_back(wall - st.schedule_seconds - st.optimizer_seconds);
+  }
+  if (trace) trainer.write_trace(trace);
+  std::printf("detail %d %.3f %.3f %.3f %.3f %.3f %.3f\n", env.rank, median(t) * 1e3, median(sched) * 1e3, median(compute) * 1e3,
+              median(wait) * 1e3, median(optim) * 1e3, median(rest) * 1e3);
+  std::fflush(stdout);
+  auto mx = torch::full({1}, median(t), torch::kDouble);  // the slower rank's
+  std::vector<at::Tensor> v{mx};
+  world.world->allreduce(v, {c10d::ReduceOp::MAX})->wait();
+  if (env.rank == 0) std::printf("result %s %d %.6f\n", name.c_str(), M, mx.item<double>());
+  return 0;
+}
+
+template <int M>
+int pipelined_mode(const std::string& mode, int steps, int argc, char** argv)
+{
+  if (mode == "gpipe") return pipelined<mpx::GPipe, M>(mode, steps, argc, argv);
+  if (mode == "1f1b") return pipelined<mpx::OneFOneB, M>(mode, steps, argc, argv);
+  if (mode == "zbh1") return pipelined<mpx::ZBH1, M>(mode, steps, argc, argv);
+  std::fprintf(stderr, "unknown mode %s: whole | accumulate | gpipe | 1f1b | zbh1 | handwritten\n", mode.c_str());
+  return 2;
+}
+}  // namespace
+
+int main(int argc, char** argv)
+{
+  torch::set_num_threads(1);
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s whole|accumulate|gpipe|1f1b|zbh1|handwritten M [steps]\n", argv[0]);
+    return 2;
+  }
+  const std::string mode = argv[1];
+  const int m = std::atoi(argv[2]);
+  const int steps = argc > 3 ? std::atoi(argv[3]) : 20;
+  try {
+    if (mode == "whole" || mode == "accumulate") return one_process(mode == "whole", m, steps);
+    if (mode == "handwritten") return handwritten_run(m, steps);
+    switch (m) {
+      case 2: return pipelined_mode<2>(mode, steps, argc, argv);
+      case 4: return pipelined_mode<4>(mode, steps, argc, argv);
+      case 8: return pipelined_mode<8>(mode, steps, argc, argv);
+      case 16: return pipelined_mode<16>(mode, steps, argc, argv);
+      default: std::fprintf(stderr, "M must be 2, 4, 8 or 16 for the mpx modes\n"); return 2;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
