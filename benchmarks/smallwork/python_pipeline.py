@@ -7,7 +7,7 @@ Orders: gpipe (every forward, then every backward) and 1f1b. One intra-op thread
 
     mpxrun --nproc-per-node 2 python3 python_pipeline.py gpipe|1f1b M [steps]
 
-Rank 0 prints "result py-<order> <M> <median seconds per step>" (the slower rank's median).
+Rank 0 prints "result py-<order> <median seconds per step> m <M>" (the slower rank's median).
 """
 import os
 import statistics
@@ -93,7 +93,7 @@ def main():
     t = torch.tensor([statistics.median(times)], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     if rank == 0:
-        print(f"result py-{order} {m} {t.item():.6f}", flush=True)
+        print(f"result py-{order} {t.item():.6f} m {m}", flush=True)
     dist.destroy_process_group()
 
 

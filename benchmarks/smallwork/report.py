@@ -11,8 +11,8 @@ import statistics
 import sys
 
 work, ms = sys.argv[1], [int(m) for m in sys.argv[2:]]
-MODES = ["whole", "accumulate", "gpipe", "1f1b", "zbh1", "handwritten", "py-gpipe", "py-1f1b"]
-MPX = ["gpipe", "1f1b", "zbh1"]
+MODES = ["whole", "accumulate", "gpipe", "1f1b", "1f1b-overlap", "zbh1", "handwritten", "py-gpipe", "py-1f1b"]
+MPX = ["gpipe", "1f1b", "1f1b-overlap", "zbh1"]
 med = statistics.median
 
 raw = collections.defaultdict(dict)  # (m, mode) -> {round: seconds}

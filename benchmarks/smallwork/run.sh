@@ -2,7 +2,8 @@
 # Small-work benchmark: step time of a model whose step is a few to a few tens of milliseconds (2 x 4 layers
 # of Linear 512x512 + GELU, AdamW, micro-batches of 8 rows) at m = 2, 4, 8, 16 micro-batches, for one process
 # (the whole batch at once, and accumulating m micro-batches), mpx on two CPU ranks (GPipe, 1F1B, ZB-H1), the
-# hand-written c10d 1F1B program and a plain Python torch.distributed loop (GPipe and 1F1B). One intra-op
+# hand-written c10d 1F1B program and a plain Python torch.distributed loop (GPipe and 1F1B); 1f1b-overlap is mpx
+# 1F1B with TrainOptions::skip_nonfinite = false (optimizers step while the statistics are all-reduced). One intra-op
 # thread per rank. Every round runs every contender at every m, the order rotated from round to round, so
 # that the shared machine's noise hits all alike; the report gives paired ratios (within a round, then the
 # median over rounds), mpx's time split per rank, and the per-action costs read from a 1F1B trace.
@@ -16,7 +17,7 @@ bench=$build/benchmarks/smallwork/smallwork_bench
 mpxrun=$build/tools/mpxrun
 py=benchmarks/smallwork/python_pipeline.py
 python=${PYTHON:-/usr/bin/python3}  # Debian's, with python3-torch (a pyenv python3 first on PATH has no torch)
-modes=(whole accumulate gpipe 1f1b zbh1 handwritten py-gpipe py-1f1b)
+modes=(whole accumulate gpipe 1f1b 1f1b-overlap zbh1 handwritten py-gpipe py-1f1b)
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -32,7 +33,7 @@ for ((r = 0; r < rounds; r++)); do
     for ((k = 0; k < ${#modes[@]}; k++)); do
       mode=${modes[$(((k + r) % ${#modes[@]}))]}
       out=$(run "$mode" "$m")
-      t=$(echo "$out" | awk '/^result/ {print $4}')
+      t=$(echo "$out" | awk '/^result/ {print $3}')
       [ -n "$t" ] || { echo "$mode at m = $m printed no result:"; echo "$out"; exit 1; }
       echo "$r $m $mode $t" >> "$work/raw.txt"
       echo "$out" | awk -v r="$r" -v m="$m" -v mode="$mode" '/^detail/ {print r, m, mode, $2, $3, $4, $5, $6, $7, $8}' >> "$work/detail.txt"

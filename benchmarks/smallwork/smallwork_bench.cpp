@@ -4,8 +4,9 @@
 //   whole        one process, the whole batch of m micro-batches in one forward and backward
 //   accumulate   one process, m micro-batches, gradients accumulated
 //   gpipe | 1f1b | zbh1   mpx::Trainer, two CPU ranks, one stage each
+//   1f1b-overlap  the same 1F1B with TrainOptions::skip_nonfinite = false (no end-of-step wait)
 //   handwritten  plain c10d 1F1B (../handwritten.hpp); start it with mpxrun --nproc-per-node 2
-// One intra-op thread per rank. Rank 0 prints "result <mode> <m> <median seconds per step>"; mpx modes also
+// One intra-op thread per rank. Rank 0 prints "result <mode> <median seconds per step> m <m>"; mpx modes also
 // print, per rank, "detail <rank> <step> <schedule> <compute> <wait> <optimizer> <end-of-step>" (medians, ms:
 // end-of-step is the step less its schedule walk and its optimizer steps: gradient statistics, the loss
 // and norm all-reduce, zeroing). MPX_BENCH_TRACE=<file> writes the last step's Chrome trace (mpx modes).
@@ -53,7 +54,7 @@ int one_process(bool whole, int m, int steps)
     opt.zero_grad();
     if (s >= 2) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::printf("result %s %d %.6f\n", whole ? "whole" : "accumulate", m, median(t));
+  std::printf("result %s %.6f m %d\n", whole ? "whole" : "accumulate", median(t), m);
   return 0;
 }
 
@@ -66,7 +67,7 @@ int handwritten_run(int m, int steps)
   torch::optim::AdamW opt(stage->parameters(), torch::optim::AdamWOptions(1e-4));
   handwritten::Setup su{[&](const at::Tensor& x) { return stage->forward(x); }, loss, &opt, m, {rows, width}};
   const double t = handwritten::run(su, rank, batches(steps + 2, m), steps);
-  if (rank == 0) std::printf("result handwritten %d %.6f\n", m, t);
+  if (rank == 0) std::printf("result handwritten %.6f m %d\n", t, m);
   return 0;
 }
 
@@ -75,7 +76,7 @@ using P2 = mpx::Pipeline<mpx::Stage<bench::Stack, mpx::CPU<0>, mpx::Optimizer<mp
                          mpx::Stage<bench::Stack, mpx::CPU<1>, mpx::Optimizer<mpx::AdamW>>, mpx::Schedule<Sched>, mpx::Microbatches<M>>;
 
 template <class Sched, int M>
-int pipelined(const std::string& name, int steps, int argc, char** argv)
+int pipelined(const std::string& name, int steps, int argc, char** argv, bool overlap = false)
 {
   using P = P2<Sched, M>;
   if (const int st = mpx::relaunch_self(P::num_slots, argc, argv); st >= 0) return st;
@@ -88,6 +89,7 @@ int pipelined(const std::string& name, int steps, int argc, char** argv)
   };
   mpx::TrainOptions o;
   o.lr = mpx::WarmupCosine{1e-4, 0, 1, 1.0};
+  o.skip_nonfinite = !overlap;  // overlap: each rank steps its optimizers while the statistics are all-reduced
   const char* trace = std::getenv("MPX_BENCH_TRACE");
   o.trace = trace != nullptr;
   mpx::Trainer<P, torch::Tensor> trainer(world, make, [](const torch::Tensor& x) { return x; },
@@ -109,7 +111,7 @@ int pipelined(const std::string& name, int steps, int argc, char** argv)
   auto mx = torch::full({1}, median(t), torch::kDouble);  // the slower rank's
   std::vector<at::Tensor> v{mx};
   world.world->allreduce(v, {c10d::ReduceOp::MAX})->wait();
-  if (env.rank == 0) std::printf("result %s %d %.6f\n", name.c_str(), M, mx.item<double>());
+  if (env.rank == 0) std::printf("result %s %.6f m %d\n", name.c_str(), mx.item<double>(), M);
   return 0;
 }
 
@@ -118,8 +120,9 @@ int pipelined_mode(const std::string& mode, int steps, int argc, char** argv)
 {
   if (mode == "gpipe") return pipelined<mpx::GPipe, M>(mode, steps, argc, argv);
   if (mode == "1f1b") return pipelined<mpx::OneFOneB, M>(mode, steps, argc, argv);
+  if (mode == "1f1b-overlap") return pipelined<mpx::OneFOneB, M>(mode, steps, argc, argv, true);
   if (mode == "zbh1") return pipelined<mpx::ZBH1, M>(mode, steps, argc, argv);
-  std::fprintf(stderr, "unknown mode %s: whole | accumulate | gpipe | 1f1b | zbh1 | handwritten\n", mode.c_str());
+  std::fprintf(stderr, "unknown mode %s: whole | accumulate | gpipe | 1f1b | 1f1b-overlap | zbh1 | handwritten\n", mode.c_str());
   return 2;
 }
 }  // namespace
@@ -128,7 +131,7 @@ int main(int argc, char** argv)
 {
   torch::set_num_threads(1);
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s whole|accumulate|gpipe|1f1b|zbh1|handwritten M [steps]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s whole|accumulate|gpipe|1f1b|1f1b-overlap|zbh1|handwritten M [steps]\n", argv[0]);
     return 2;
   }
   const std::string mode = argv[1];

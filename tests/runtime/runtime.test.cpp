@@ -170,6 +170,14 @@ TEST_CASE("An inf in one stage's gradient makes every rank skip that step and ha
   CHECK(out.find("scale 3 1024 skipped 0") != std::string::npos);  // halved
 }
 
+TEST_CASE("With skip_nonfinite off and no clipping the optimizers step during the end-of-step all-reduce, and 1F1B (2 stages, and 2 replicas of them) still matches one process", "[runtime][parity]")
+{
+  ::setenv("MPX_TEST_OVERLAP", "1", 1);  // read by scenario::options() here (the reference) and in the ranks
+  check_parity("p2-1f1b");
+  check_parity("dp2-p2-1f1b");
+  ::unsetenv("MPX_TEST_OVERLAP");
+}
+
 TEST_CASE("Stages under bf16 autocast match one process under the same autocast", "[runtime][parity][precision]")
 {
   check_parity("p2-bf16-autocast");

@@ -2,7 +2,8 @@
 #pragma once
 /// @file runtime/grad_stats.hpp
 /// The end of a step's arithmetic over gradients: `unscale` divides them by the loss scale, `local_grad_sq`
-/// sums their squares on this rank, `reduce_step` is the step's one collective over the whole world — the
+/// sums their squares on this rank, `reduce_step` (or `start_reduce_step`, then `finish_reduce_step`, to
+/// overlap it with an optimizer step that does not depend on it) is the step's one collective over the whole world — the
 /// loss (last stage, mean over replicas), the squared global gradient norm (each stage counted once per
 /// replica: replicas hold equal gradients after their all-reduce) and the number of ranks that saw an
 /// inf/NaN, so that every rank makes the same skip decision — and `clip` scales the gradients so that the
@@ -69,28 +70,52 @@ struct StepReduction
   bool found_inf = false;   ///< some rank's gradients were not finite
 };
 
-/// The step's one all-reduce over the world (see the file comment). `loss_sum` is this replica's summed
-/// loss (defined on the last stage's rank only), `sq` this rank's `local_grad_sq`; `step` names the step in
-/// errors.
-inline StepReduction reduce_step(World& w, const at::Tensor& loss_sum, double sq, long step)
+/// The step's all-reduce over the world, started (see the file comment): `loss_sum` is this replica's
+/// summed loss (defined on the last stage's rank only), `sq` this rank's `local_grad_sq`.
+struct PendingReduction
+{
+  at::Tensor values;  ///< loss / replicas, squared norm / replicas, ranks that saw inf/NaN
+  c10::intrusive_ptr<c10d::Work> work;
+  long step = 0;
+};
+inline PendingReduction start_reduce_step(World& w, const at::Tensor& loss_sum, double sq, long step)
 {
   const bool found_inf = !std::isfinite(sq);
-  auto red = torch::zeros({3}, torch::kDouble);
-  red[0] = loss_sum.defined() ? loss_sum.template item<double>() / w.replicas : 0.0;
-  red[1] = found_inf ? 0.0 : sq / w.replicas;
-  red[2] = found_inf ? 1.0 : 0.0;
-  std::vector<at::Tensor> rv{red};
+  PendingReduction p{torch::empty({3}, torch::kDouble), {}, step};
+  auto* v = p.values.data_ptr<double>();
+  v[0] = loss_sum.defined() ? loss_sum.template item<double>() / w.replicas : 0.0;
+  v[1] = found_inf ? 0.0 : sq / w.replicas;
+  v[2] = found_inf ? 1.0 : 0.0;
+  std::vector<at::Tensor> rv{p.values};
   try {
-    w.world->allreduce(rv)->wait(w.timeout);
+    p.work = w.world->allreduce(rv);
   } catch (const std::exception& e) {
     throw peer_error("mpx: rank " + std::to_string(w.env.rank) + ", step " + std::to_string(step) +
+                     ", the end-of-step all-reduce (loss, gradient norm) did not start: " + e.what());
+  }
+  return p;
+}
+/// Waits for a started reduction (with the run's timeout) and reads what every rank agreed on.
+inline StepReduction finish_reduce_step(World& w, PendingReduction& p)
+{
+  try {
+    p.work->wait(w.timeout);
+  } catch (const std::exception& e) {
+    throw peer_error("mpx: rank " + std::to_string(w.env.rank) + ", step " + std::to_string(p.step) +
                      ", the end-of-step all-reduce (loss, gradient norm): a peer did not arrive: " + e.what());
   }
+  const auto* v = p.values.data_ptr<double>();
   StepReduction r;
-  r.loss = red[0].template item<double>();
-  r.found_inf = red[2].template item<double>() > 0;
-  r.grad_norm = r.found_inf ? std::numeric_limits<double>::infinity() : std::sqrt(red[1].template item<double>());
+  r.loss = v[0];
+  r.found_inf = v[2] > 0;
+  r.grad_norm = r.found_inf ? std::numeric_limits<double>::infinity() : std::sqrt(v[1]);
   return r;
+}
+/// The step's one all-reduce over the world, started and waited for; `step` names the step in errors.
+inline StepReduction reduce_step(World& w, const at::Tensor& loss_sum, double sq, long step)
+{
+  auto p = start_reduce_step(w, loss_sum, sq, step);
+  return finish_reduce_step(w, p);
 }
 
 /// Scales every gradient so that the global norm `norm` becomes at most `limit` (0: no clipping).

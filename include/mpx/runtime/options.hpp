@@ -41,6 +41,13 @@ struct TrainOptions
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  ///< AdamW, AdamW8bit
   double momentum = 0.0;                           ///< SGD
   double clip_norm = 0.0;                          ///< global gradient-norm clipping; 0: off
+  /// Skip a step whose gradients hold inf/NaN on any rank: the ranks agree before any optimizer steps (a
+  /// wait for the slowest rank at every step's end). false, with no clipping and no loss scaler (which need
+  /// the agreement anyway): every rank steps its optimizers as soon as its schedule is done, while the
+  /// step's statistics are all-reduced — reported exactly (StepStats), an inf/NaN as an infinite gradient
+  /// norm, but not skipped (plain PyTorch without a GradScaler). Saves that wait on small steps
+  /// (benchmarks/smallwork).
+  bool skip_nonfinite = true;
   std::size_t bucket_bytes = std::size_t(25) << 20;  ///< data-parallel all-reduce bucket size
   bool trace = false;                              ///< record every action for `write_trace`
   LossScaling scaler{};                            ///< dynamic loss scaling (off by default; for fp16)

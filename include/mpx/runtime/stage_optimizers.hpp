@@ -4,9 +4,10 @@
 /// `StageOptimizers`: one optimizer per trainable stage this rank holds, as one object (torchtitan's
 /// OptimizersContainer). Each is built over the stage's trainable parameters from its `Optimizer<O>` policy
 /// (AdamW when it has none; none for a `Frozen` stage or one without trainable parameters), or by
-/// `TrainOptions::make_optimizer`. `step(lr)` steps every stage at lr × its `lr_scale`; `zero` zeroes the
-/// gradients in place (the next backward accumulates into warm buffers); `save` / `load` write and read one
-/// stage's optimizer state.
+/// `TrainOptions::make_optimizer`. `step(lr)` steps every stage at lr × its `lr_scale`; `zero` drops the
+/// gradients (the next backward's first gradient becomes the parameter's gradient as it is: no zero fill,
+/// no add; the host cache makes the fresh buffer cheap); `save` / `load` write and read one stage's
+/// optimizer state.
 
 #include <mpx/optim/adamw8bit.hpp>       // mpx::AdamW8bitOptimizer
 #include <mpx/pipeline.hpp>              // mpx::PipelineType
@@ -55,12 +56,13 @@ class StageOptimizers
     }
   }
 
-  /// Zeroes every gradient of this rank's stages in place (frozen ones included: a user may have set one).
+  /// Drops every gradient of this rank's stages (frozen ones included: a user may have set one); a
+  /// parameter without a gradient counts as zero everywhere after (norm, buckets, optimizers).
   void zero()
   {
     for (auto& ps : params_)
       for (auto& p : ps)
-        if (p.grad().defined()) p.mutable_grad().zero_();
+        if (p.grad().defined()) p.mutable_grad().reset();
   }
 
   /// Writes stage s's optimizer state to `path` (nothing when it has none).

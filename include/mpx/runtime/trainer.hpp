@@ -86,17 +86,17 @@ class Trainer
     call_before_optimizer();
     if (scaler_.enabled()) unscale(held_, scaler_.scale());
     // the loss once per replica (tensor-parallel rank 0 of the last slot), each parameter once in the norm
-    const StepReduction red = reduce_step(w_, w_.tp_rank == 0 ? walk.loss_sum : at::Tensor(), local_grad_sq(counted_), step_);
-    st.loss = red.loss;
-    st.skipped = scaler_.update(red.found_inf);
-    st.grad_norm = red.grad_norm;
+    auto reduction = start_reduce_step(w_, w_.tp_rank == 0 ? walk.loss_sum : at::Tensor(), local_grad_sq(counted_), step_);
     st.lr = o_.lr(step_);
-    const auto o0 = clock::now();
-    if (!st.skipped) {
-      clip(held_, st.grad_norm, o_.clip_norm);
-      optimizers_.step(st.lr);
+    const bool agree_first = o_.skip_nonfinite || o_.clip_norm > 0 || scaler_.enabled();
+    if (!agree_first) step_optimizers(st);  // nothing in the update depends on the other ranks: overlap the all-reduce
+    const StepReduction red = finish_reduce_step(w_, reduction);
+    st.loss = red.loss;
+    st.grad_norm = red.grad_norm;
+    if (agree_first) {
+      st.skipped = scaler_.update(red.found_inf);
+      if (!st.skipped) step_optimizers(st);
     }
-    st.optimizer_seconds = seconds(clock::now() - o0);
     optimizers_.zero();
     st.seconds = seconds(clock::now() - t0);
     st.compute_seconds = walk.compute_seconds;
@@ -167,6 +167,15 @@ class Trainer
       throw config_error("mpx: Trainer::step: got " + std::to_string(mbs.size()) + " micro-batches, the pipeline declares " +
                          std::to_string(M) + " (mpx::Microbatches<M>); split the batch with mpx::split_microbatches(batch, " +
                          std::to_string(M) + ")");
+  }
+
+  /// Clips (when clipping is on: the global norm is known then) and steps every optimizer.
+  void step_optimizers(StepStats& st)
+  {
+    const auto o0 = clock::now();
+    clip(held_, st.grad_norm, o_.clip_norm);
+    optimizers_.step(st.lr);
+    st.optimizer_seconds = seconds(clock::now() - o0);
   }
 
   void call_before_optimizer()
