@@ -15,46 +15,7 @@ B=build-gpu
 rm -rf "$B/obj" "$LOGS"; mkdir -p "$B/obj" "$LOGS"  # never link a stale object
 JOBS=$(nproc)
 
-# TORCH_DIR (a folder with include/ and lib/) overrides the Python torch; a dry run on a CPU machine uses it.
-if [ -n "${TORCH_DIR:-}" ]; then
-  TORCH=$TORCH_DIR ABI=1 SITE=/nonexistent
-  echo "torch at $TORCH_DIR" > "$LOGS/versions.txt"
-else
-  TORCH=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))') || { echo "no Python torch here"; exit 2; }
-  SITE=$(dirname "$TORCH")
-  ABI=$(python3 -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(),
-    torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' | tee "$LOGS/versions.txt"
-fi
-g++ --version | head -1 | tee -a "$LOGS/versions.txt"
-
-INC=(-isystem "$TORCH/include" -isystem "$TORCH/include/torch/csrc/api/include")
-[ -d "$TORCH/include/gloo" ] || INC+=(-isystem .deps/gloo)      # the wheel may lack Gloo's headers
-for d in /usr/local/cuda/include "$SITE"/nvidia/*/include "$SITE"/nvidia/*/*/include; do
-  [ -d "$d" ] && INC+=(-isystem "$d")
-done
-INC+=(-isystem .deps/include)
-CXXFLAGS=(-std=c++20 -O1 -g0 -I include -I tests -I tests/runtime "${INC[@]}" -DUSE_DISTRIBUTED -DUSE_C10D_GLOO -DMPX_CATCH2_V2
-          -D_GLIBCXX_USE_CXX11_ABI="$ABI" -Wno-deprecated-declarations)
-CUDA_LIBS=()
-if [ -e "$TORCH/lib/libtorch_cuda.so" ]; then  # a CUDA LibTorch: NCCL compiled in, CUDA hooks linked
-  CXXFLAGS+=(-DUSE_C10D_NCCL)
-  CUDA_LIBS=(-ltorch_cuda -lc10_cuda)
-fi
-# libstdc++ first: the wheels' libraries export some libstdc++ symbols of their own (std::filesystem among
-# them); ours must bind to the system's, which our headers match.
-LIBS=(-Wl,--no-as-needed -lstdc++ -L"$TORCH/lib" -Wl,-rpath,"$TORCH/lib" "${CUDA_LIBS[@]}" -ltorch -ltorch_cpu -lc10 -Wl,--as-needed -lpthread)
-echo "torch at $TORCH; gloo headers from $([ -d "$TORCH/include/gloo" ] && echo torch || echo .deps)" | tee -a "$LOGS/versions.txt"
-
-compile() {  # compile <object> <source> [flags...]
-  local obj=$1 src=$2; shift 2
-  timeout 400 g++ "${CXXFLAGS[@]}" "$@" -c "$src" -o "$obj.tmp" > "$LOGS/$(basename "$obj").log" 2>&1 && mv "$obj.tmp" "$obj" ||
-    { echo "FAILED to compile $src"; return 1; }
-}
-link() {  # link <exe> <objects...>
-  local exe=$1; shift
-  g++ "$@" "${LIBS[@]}" -o "$exe" > "$LOGS/$(basename "$exe").link.log" 2>&1 || { echo "FAILED to link $exe"; return 1; }
-}
+source scripts/gpu_env.sh  # TORCH, CXXFLAGS, LIBS, compile, link
 
 t0=$(date +%s)
 # ---- the device test first: it is what this machine is for

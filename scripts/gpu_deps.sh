@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Copies the header-only dependencies scripts/gpu_check.sh needs (Boost.Hana, range-v3, Catch2 v2,
-# nlohmann-json, Gloo's headers) from this Debian machine into .deps/, for a GPU machine that lacks them.
+# Copies the header-only dependencies scripts/gpu_check.sh and scripts/gpu_bench.sh need (Boost.Hana, range-v3, Catch2 v2,
+# nlohmann-json, CLI11, Gloo's headers) from this Debian machine into .deps/, for a GPU machine that lacks them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .deps && mkdir -p .deps/include/boost .deps/gloo
 cp -r /usr/include/boost/hana /usr/include/boost/hana.hpp /usr/include/boost/core /usr/include/boost/config \
       /usr/include/boost/config.hpp .deps/include/boost/
-cp -r /usr/include/range /usr/include/meta /usr/include/concepts /usr/include/std /usr/include/catch2 /usr/include/nlohmann \
+cp -r /usr/include/range /usr/include/meta /usr/include/concepts /usr/include/std /usr/include/catch2 /usr/include/nlohmann /usr/include/CLI \
       /usr/include/xxhash.h .deps/include/
 cp -r /usr/include/gloo .deps/gloo/
 du -sh .deps

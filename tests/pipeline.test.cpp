@@ -3,6 +3,8 @@
 #include "support/archetypes.hpp"
 #include "support/catch.hpp"
 
+#include <string_view>
+
 using namespace mpx;
 using namespace archetypes;
 
@@ -20,7 +22,15 @@ using Looped = Pipeline<Stage<Block, CPU<0>>, Stage<Block, CPU<1>>, Stage<Block,
                         Schedule<Interleaved1F1B>, Microbatches<4>>;
 
 using Long = Pipeline<Stage<Block, CPU<0>>, Stage<Block, CPU<1>>, Microbatches<100000>>;  // 1F1B: a compressed table
-using Big = Pipeline<Stage<Block, CPU<0>>, Stage<Block, CPU<1>>, Schedule<ZBH1>, Microbatches<4096>>;  // flat
+struct FlatZBH1  // ZB-H1's table without its compressed form
+{
+  static constexpr std::string_view name = "flat ZB-H1";
+  static constexpr bool interleaved = false;
+  static constexpr bool split_backward = true;
+  static constexpr Table table(const Layout& l) { return ZBH1::table(l); }
+};
+using Big = Pipeline<Stage<Block, CPU<0>>, Stage<Block, CPU<1>>, Schedule<FlatZBH1>, Microbatches<4096>>;
+using BigRuns = Pipeline<Stage<Block, CPU<0>>, Stage<Block, CPU<1>>, Schedule<ZBH1>, Microbatches<4096>>;
 }  // namespace
 
 TEST_CASE("Queries return integral constants", "[pipeline][static]")
@@ -58,7 +68,10 @@ TEST_CASE("Compressed schedules are proved at compile time whatever m is, large 
   STATIC_REQUIRE(proof_v<Long>.ok());
   STATIC_REQUIRE(proof_v<Long>.steps == 400000);
   STATIC_REQUIRE(proof_v<Long>.simulated < 100);  // the steady state is fast-forwarded
-  STATIC_REQUIRE(!Big::run_form);                // ZB-H1's list scheduler writes a flat table
+  STATIC_REQUIRE(BigRuns::run_form);             // every built-in schedule has runs
+  STATIC_REQUIRE(BigRuns::proved_at_compile_time);
+  STATIC_REQUIRE(proof_v<BigRuns>.ok());
+  STATIC_REQUIRE(!Big::run_form);                // a schedule with only a flat table
   STATIC_REQUIRE(!Big::proved_at_compile_time);  // 24,576 steps
   const Proof p = proof<Big>();
   CHECK(p.ok());

@@ -69,10 +69,10 @@ TEST_CASE("Interleaved 1F1B: expected bubble is (p-1)/(v*m+p-1)", "[schedule]")
       }
 }
 
-TEST_CASE("ZB-H1: split backward, bubble below 1F1B's, peak in flight within 1F1B's", "[schedule]")
+TEST_CASE("ZB-H1: split backward, bubble below 1F1B's, the paper's (p-1)/(3m+p-1) once m >= p, peak in flight within 1F1B's", "[schedule]")
 {
-  for (int p : {2, 3, 4, 8})
-    for (int m : {1, 2, 3, 4, 8, 16, 32}) {
+  for (int p : {2, 3, 4, 5, 8, 16})
+    for (int m : {1, 2, 3, 4, 5, 8, 16, 17, 32}) {
       CAPTURE(p, m);
       const Table t = ZBH1::table(Layout::looped(p, p, m));
       const Proof z = prove(t), f = run<OneFOneB>(p, 1, m);
@@ -82,6 +82,7 @@ TEST_CASE("ZB-H1: split backward, bubble below 1F1B's, peak in flight within 1F1
       CHECK(count(t, Op::W) == p * m);
       CHECK(z.bubble() < f.bubble());
       CHECK(z.bubble() >= double(p - 1) / double(3 * m + p - 1) - 1e-12);  // the zero-bubble paper's bound
+      if (m >= p) CHECK(z.makespan == 3 * m + p - 1);                      // ... reached
       CHECK(z.max_in_flight() <= std::min(p, m));
     }
 }

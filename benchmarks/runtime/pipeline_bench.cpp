@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Runtime benchmark: one training step of a balanced 8-layer model, as
 //   single          one rank running the whole model, micro-batch after micro-batch;
-//   mpx <schedule>  two CPU ranks, one stage each (interleaved: two chunks each), under mpx::Trainer.
+//   mpx <schedule>  two CPU ranks, one stage each (interleaved: two chunks each), under mpx::Trainer;
+//   dp2-1f1b        2 replicas x 2 stages (4 ranks) under 1F1B: data parallelism's bucket all-reduce, which
+//                   starts inside the last backward (MPX_BENCH_OVERLAP=0: after it; MPX_BENCH_BUCKET_MB: size).
 // One intra-op thread per rank. Prints "result <mode> <median seconds per step>" on rank 0.
-//   pipeline_bench single|gpipe|1f1b|zbh1|interleaved [steps]
+//   pipeline_bench single|gpipe|1f1b|zbh1|interleaved|dp2-1f1b [steps]
 #include "model.hpp"
 
 #include <mpx/mpx.hpp>
@@ -47,9 +49,9 @@ int single(int steps)
 }
 
 template <class P>
-int pipelined(const char* name, int steps, int argc, char** argv)
+int pipelined(const char* name, int steps, int argc, char** argv, int replicas = 1)
 {
-  if (const int st = mpx::relaunch_self(P::num_slots, argc, argv); st >= 0) return st;
+  if (const int st = mpx::relaunch_self(replicas * P::num_slots, argc, argv); st >= 0) return st;
   torch::set_num_threads(1);
   auto env = mpx::read_env();
   auto world = mpx::make_world<P>(env);
@@ -62,6 +64,8 @@ int pipelined(const char* name, int steps, int argc, char** argv)
   o.lr = mpx::WarmupCosine{1e-4, 0, 1, 1.0};
   const char* trace = std::getenv("MPX_BENCH_TRACE");  // write the last step's Chrome trace there
   o.trace = trace != nullptr;
+  if (const char* ov = std::getenv("MPX_BENCH_OVERLAP")) o.overlap_reduction = std::string(ov) != "0";
+  if (const char* mb = std::getenv("MPX_BENCH_BUCKET_MB")) o.bucket_bytes = std::size_t(std::atof(mb) * (1 << 20));
   mpx::Trainer<P, torch::Tensor> trainer(world, make, [](const torch::Tensor& x) { return x; }, loss, o);
   std::vector<double> t, idle;
   const auto data = batches(steps + 2);
@@ -100,6 +104,7 @@ int main(int argc, char** argv)
     if (mode == "1f1b") return pipelined<P2<mpx::OneFOneB>>("1f1b", steps, argc, argv);
     if (mode == "zbh1") return pipelined<P2<mpx::ZBH1>>("zbh1", steps, argc, argv);
     if (mode == "interleaved") return pipelined<P2x2>("interleaved", steps, argc, argv);
+    if (mode == "dp2-1f1b") return pipelined<P2<mpx::OneFOneB>>("dp2-1f1b", steps, argc, argv, 2);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

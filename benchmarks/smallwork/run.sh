@@ -8,7 +8,7 @@
 # that the shared machine's noise hits all alike; the report gives paired ratios (within a round, then the
 # median over rounds), mpx's time split per rank, and the per-action costs read from a 1F1B trace.
 # Writes benchmarks/results/smallwork_<host>_<date>.md.
-#   benchmarks/smallwork/run.sh [build-dir] [rounds] [steps]     (MS="2 4" to run fewer m)
+#   benchmarks/smallwork/run.sh [build-dir] [rounds] [steps]     (MS="2 4" to run fewer m; RESULTS_DIR=... elsewhere)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}; rounds=${2:-5}; steps=${3:-20}
@@ -42,7 +42,7 @@ for ((r = 0; r < rounds; r++)); do
   done
 done
 for m in $ms; do MPX_BENCH_TRACE="$work/trace_$m.json" run 1f1b "$m" > /dev/null; done
-out=benchmarks/results/smallwork_$(hostname -s)_$(date +%Y%m%d).md
+out=${RESULTS_DIR:-benchmarks/results}/smallwork_$(hostname -s)_$(date +%Y%m%d).md
 source benchmarks/results_file.sh && keep_earlier "$out"
 {
   echo "# Small work: mpx against one process, hand-written c10d and a Python loop"

@@ -166,7 +166,7 @@ namespace detail
 {
 /// Sets where each rank posts its receives: after compute k, those of every compute up to its
 /// `lookahead`-th next receiving compute (before the first compute: up to the `lookahead`-th). The rule of
-/// every built-in schedule (`table_builder::finish`, `to_table`).
+/// every built-in schedule (`to_table`).
 constexpr void post_receives(Table& t, int lookahead)
 {
   const Layout& l = t.layout;

@@ -18,8 +18,8 @@
 ///
 /// The proof runs at compile time when it steps through at most `MPX_COMPILE_TIME_PROOF_STEPS` computes
 /// one by one (default 8192: the compiler's constant evaluator costs 0.1 to 0.2 ms a step): every step of
-/// a flat table, about stages² for a compressed one (runs.hpp: GPipe, 1F1B, interleaved), whose steady
-/// state the proof fast-forwards whatever m is. Larger ones are proved at start-up, before the first step,
+/// a flat table, about stages² for a compressed one (runs.hpp: every built-in; 5 stages² for ZB-H1), whose
+/// steady state the proof fast-forwards whatever m is. Larger ones are proved at start-up, before the first step,
 /// by the same function. `Pipeline::proved_at_compile_time` says which.
 
 #include <mpx/action.hpp>      // mpx::Layout, mpx::Table, mpx::FrozenTable
@@ -367,9 +367,11 @@ struct Pipeline
   /// so it runs at compile time whatever m is.
   static constexpr bool run_form = RunSchedule<schedule>;
   /// About how many computes the proof steps through one by one: every step of a flat table; for a
-  /// compressed one, warm-up and drain (about stages², whatever m is) and the runs' pattern entries.
+  /// compressed one, warm-up and drain (about stages², whatever m is; 5 stages² with a split backward,
+  /// whose stages reach their steady pattern one after another) and the runs' pattern entries.
   static constexpr std::size_t proof_work = [] {
-    if constexpr (run_form) return std::size_t(num_stages) * num_stages + schedule::runs(layout).actions.size();
+    if constexpr (run_form)
+      return std::size_t(schedule::split_backward ? 5 : 1) * num_stages * num_stages + schedule::runs(layout).actions.size();
     else return num_steps;
   }();
   static constexpr bool proved_at_compile_time = proof_work <= MPX_COMPILE_TIME_PROOF_STEPS;

@@ -12,12 +12,12 @@
 ///   consecutive micro-batches in pattern order (so each stage's actions of one kind run in micro-batch
 ///   order, as in every built-in schedule);
 /// - receives are posted by one rule instead of per step: a rank keeps the receives of its next
-///   `lookahead` receiving computes posted (as `table_builder::finish(lookahead)` does for a flat table).
+///   `lookahead` receiving computes posted (`detail::post_receives`, action.hpp).
 /// `to_table` expands a `RunTable` into the flat `Table` the executor walks and `mpx::print` shows; both
 /// describe the same program.
 ///
 /// Concept `RunSchedule` — a schedule tag that also has `static constexpr RunTable runs(const Layout&)`;
-/// its `table(l)` is `to_table(runs(l))`. Models: GPipe, OneFOneB, Interleaved1F1B.
+/// its `table(l)` is `to_table(runs(l))`. Models: GPipe, OneFOneB, Interleaved1F1B, ZBH1.
 
 #include <mpx/action.hpp>  // mpx::Op, mpx::Layout, mpx::Table, mpx::detail::buffer
 

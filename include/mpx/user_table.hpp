@@ -19,7 +19,6 @@
 
 #include <mpx/action.hpp>    // mpx::Table, mpx::Layout
 #include <mpx/config.hpp>    // mpx::fixed_string
-#include <mpx/schedule.hpp>  // mpx::detail::table_builder
 
 #include <string_view>  // std::string_view
 

@@ -63,3 +63,28 @@ TEST_CASE("A stage whose loss throws is this rank's stage_error, naming step and
     CHECK(m.find("peer") == std::string::npos);
   }
 }
+
+TEST_CASE("ZB-H1 splits a stage's backward only when its module marks blocks, else its I runs the whole backward", "[rooms][executor]")
+{
+  using PZb = mpx::Pipeline<mpx::Stage<tiny::Model, mpx::CPU<0>, mpx::Layers<0, 6>>, mpx::Schedule<mpx::ZBH1>, mpx::Microbatches<4>,
+                            mpx::Batch<tiny::Batch>>;
+  auto w = test::one_rank_world<PZb>();
+  const auto mbs = rooms::microbatches(0);
+  auto ref = rooms::make_model();
+  for (auto& mb : mbs) (tiny::loss(ref->forward(mb.tokens), mb) / 4.0).backward();
+  for (const bool marked : {true, false}) {
+    CAPTURE(marked);
+    if (!marked) ::setenv("MPX_TEST_UNMARKED_BLOCKS", "1", 1);
+    mpx::StageSet<PZb> set(0, torch::kCPU, rooms::make, {});
+    mpx::Executor<PZb, tiny::Batch> ex(w, set, input, tiny::loss);
+    CHECK(ex.splits_backward());
+    std::vector<std::string> events;
+    ex.walk(mbs, 1.0, 0, nullptr, [&](int s) { events.push_back("last " + std::to_string(s)); },
+            [&](int s) { events.push_back("done " + std::to_string(s)); });
+    ::unsetenv("MPX_TEST_UNMARKED_BLOCKS");
+    CHECK(ex.split_used(0) == marked);
+    CHECK(events == std::vector<std::string>{"last 0", "done 0"});  // the buckets' arm, then their start
+    auto mine = set.parameters(0), theirs = ref->parameters();
+    for (std::size_t i = 0; i < mine.size(); ++i) CHECK(torch::allclose(mine[i].grad(), theirs[i].grad(), 1e-5, 1e-7));
+  }
+}

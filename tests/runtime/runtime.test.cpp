@@ -178,6 +178,16 @@ TEST_CASE("With skip_nonfinite off and no clipping the optimizers step during th
   ::unsetenv("MPX_TEST_OVERLAP");
 }
 
+TEST_CASE("ZB-H1 with 2 replicas: buckets start in the last W, or in the last I of a module that marks no blocks (which runs the whole backward in I), and match one process", "[runtime][parity]")
+{
+  check_parity("dp2-p2-zbh1");  // the tiny model marks its blocks: split I / W
+  const std::vector<std::pair<std::string, std::string>> unmarked{{"MPX_TEST_UNMARKED_BLOCKS", "1"}};  // the ranks' tiny model marks none
+  std::string out;
+  check_parity("p2-zbh1", 1e-5, 1e-5, unmarked, -1, &out);
+  CHECK(out.find("marks no mpx::checkpoint_block boundaries") != std::string::npos);  // said, once per stage
+  check_parity("dp2-p2-zbh1", 1e-5, 1e-5, unmarked);
+}
+
 TEST_CASE("Stages under bf16 autocast match one process under the same autocast", "[runtime][parity][precision]")
 {
   check_parity("p2-bf16-autocast");

@@ -113,6 +113,7 @@ bool visit(const std::string& name, F&& f)
   if (is("p2x2-interleaved")) return f(type<P2x2>{}, 1), true;
   if (is("p3x2-interleaved")) return f(type<P3x2>{}, 1), true;
   if (is("dp2-p2-1f1b")) return f(type<P2<OneFOneB>>{}, 2), true;
+  if (is("dp2-p2-zbh1")) return f(type<P2<ZBH1>>{}, 2), true;
   if (is("p2-bf16-wire")) return f(type<P2Bf16>{}, 1), true;
   if (is("p2-1f1b-checkpointed")) return f(type<P2Ckpt<OneFOneB>>{}, 1), true;
   if (is("p2-zbh1-checkpointed")) return f(type<P2Ckpt<ZBH1>>{}, 1), true;

@@ -5,8 +5,9 @@
 /// far ahead as the table says, sends leave right after the compute that produced them, and a compute
 /// waits only for the data it needs (the wait is its idle time). Channels and peers come from
 /// channels.hpp, the same functions the proof uses. It knows nothing of optimizers or loss scaling: the
-/// caller gives the loss's gradient seed, and hears through `stage_done(s)` when stage s's last backward
-/// of the step is done (data parallelism starts its buckets there). A failure is reported where it
+/// caller gives the loss's gradient seed, hears through `last_backward(s)` that stage s's last backward
+/// of the step (B, or W under a split backward) is about to run and through `stage_done(s)` that it is
+/// done (data parallelism's buckets start in between, as the gradients become final). A failure is reported where it
 /// happened: a `peer_error` for what came from the wire, a `stage_error` for the stage's own code, both
 /// naming rank, step, action and, for a peer error, the peer.
 
@@ -25,6 +26,7 @@
 #include <algorithm>   // std::fill
 #include <chrono>      // std::chrono::steady_clock
 #include <functional>  // std::function
+#include <iostream>    // std::clog
 #include <memory>      // std::unique_ptr
 #include <string>      // std::string
 #include <string_view> // std::string_view
@@ -61,15 +63,23 @@ class Executor
   }
 
   /// Runs step `step`'s actions on `mbs` (on the device). The last stage seeds its backward with
-  /// `loss_seed` (the loss scale); `stage_done(s)` runs after stage s's last backward.
+  /// `loss_seed` (the loss scale); `last_backward(s)` runs before stage s's last backward, `stage_done(s)`
+  /// after it.
   template <class StageDone>
   Walk walk(const std::vector<Batch>& mbs, double loss_seed, long step, TraceRecorder* trace, StageDone&& stage_done)
+  {
+    return walk(mbs, loss_seed, step, trace, [](int) {}, stage_done);
+  }
+  template <class LastBackward, class StageDone>
+  Walk walk(const std::vector<Batch>& mbs, double loss_seed, long step, TraceRecorder* trace, LastBackward&& last_backward,
+            StageDone&& stage_done)
   {
     Walk out;
     tp::Scope scope(w_.tp);  // the slot's tensor-parallel group for the stages, the loss and the backward
     step_ = step;
     seed_ = loss_seed;
     std::fill(backward_left_.begin(), backward_left_.end(), M);
+    std::fill(weights_left_.begin(), weights_left_.end(), M);
     links_.next_step();  // a step's messages pack into the room its channels had before it
     if (trace) trace->clear();
     const auto t0 = clock::now();
@@ -77,6 +87,7 @@ class Executor
       const Action a = actions_[k];
       const auto a0 = clock::now();
       wait_ = {};
+      if (computes_weights(a) && weights_left_[a.stage] == 1) last_backward(int(a.stage));
       run_reporting(a, k, mbs, out.loss_sum, stage_done);
       const auto a1 = clock::now();
       if (is_compute(a.op)) out.compute_seconds += seconds(a1 - a0 - wait_), out.wait_seconds += seconds(wait_);
@@ -87,6 +98,10 @@ class Executor
   }
 
   bool splits_backward() const { return split_; }
+  /// Whether stage s's I/W passes run split (decided at its first I: a module that marks no
+  /// `mpx::checkpoint_block` boundaries would walk its graph twice, so its I runs a full backward and its
+  /// W nothing); true before that and without a split backward.
+  bool split_used(int s) const { return split_used_[std::size_t(s)] != 0; }
   const std::vector<Action>& actions() const { return actions_; }
 
  private:
@@ -129,13 +144,26 @@ class Executor
       case Op::SendF: send(a, k, st.outputs); break;
       case Op::B:
         st.input_grads = full_backward(st, a);
+        --weights_left_[std::size_t(s)];
         done(s, stage_done);
         st.outputs.clear();
         st.loss = at::Tensor();
         break;
-      case Op::I: input_backward(st, a); break;
+      case Op::I:
+        if (!decide_split(s, st)) {  // the whole backward now; the W that follows has nothing left to do
+          st.input_grads = full_backward(st, a);
+          --weights_left_[std::size_t(s)];
+          st.outputs.clear();
+          st.loss = at::Tensor();
+        } else {
+          input_backward(st, a);
+        }
+        break;
       case Op::W:
-        weight_backward(st.outputs, st.grads, st.bounds, st.bound_grads, stages_.trainable(s));
+        if (split_used(s)) {
+          weight_backward(st.outputs, st.grads, st.bounds, st.bound_grads, stages_.trainable(s));
+          --weights_left_[std::size_t(s)];
+        }
         st.outputs.clear();
         st.grads.clear();
         st.bounds.clear();
@@ -212,6 +240,26 @@ class Executor
     st.grads = std::move(grads);
   }
 
+  /// Whether action a computes its stage's parameter gradients (B; W when split, I when not).
+  bool computes_weights(Action a) const
+  {
+    return a.op == Op::B || (a.op == Op::W && split_used(a.stage)) || (a.op == Op::I && split_decided_[a.stage] && !split_used(a.stage));
+  }
+
+  /// At stage s's first I: the split pays only when the module marks its blocks (otherwise W re-walks
+  /// the activation-gradient chain: runtime/backward.hpp); said once.
+  bool decide_split(int s, const MicroState& st)
+  {
+    if (!split_decided_[std::size_t(s)]) {
+      split_decided_[std::size_t(s)] = true;
+      split_used_[std::size_t(s)] = !st.bounds.empty();
+      if (st.bounds.empty())
+        std::clog << "mpx: rank " << w_.env.rank << ", stage " << s << ": its module marks no mpx::checkpoint_block boundaries, so "
+                  << P::schedule::name << "'s weight pass would walk its graph again; its I passes run the whole backward and its W passes nothing\n";
+    }
+    return split_used(s);
+  }
+
   template <class StageDone>
   void done(int s, StageDone& stage_done)
   {
@@ -254,6 +302,8 @@ class Executor
   std::vector<MicroState> state_;
   BoundaryLinks links_;  // after state_: its receiver thread stops before the receives it points at are gone
   std::vector<int> backward_left_ = std::vector<int>(N, M);
+  std::vector<int> weights_left_ = std::vector<int>(N, M);  // this step's actions left that compute parameter gradients
+  std::vector<char> split_decided_ = std::vector<char>(N, 0), split_used_ = std::vector<char>(N, 1);
   clock::duration wait_{};  // the running action's wait for received data
   double seed_ = 1;
   long step_ = 0;

@@ -1,20 +1,30 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// @file runtime/gradient_buckets.hpp
-/// Data parallelism's gradient averaging. When a stage's last backward of the step is done, `start` packs
-/// its trainable parameters' gradients into buckets of about `bucket_bytes` and starts one asynchronous
-/// all-reduce per bucket over the data-parallel group, so the reduction overlaps the rest of the schedule;
-/// `finish` waits for every bucket (with the run's timeout), divides by the replica count and writes the
-/// averages back into the gradients. With one replica both do nothing.
+/// Data parallelism's gradient averaging, in buckets of about `bucket_bytes` over the data-parallel group.
+/// `arm(params)`, called just before a stage's last backward of the step, lays the stage's trainable
+/// parameters out in buckets in reverse order (the order their gradients become final) and hooks each
+/// parameter's gradient accumulator: a bucket starts its asynchronous all-reduce as soon as its last
+/// gradient is final and every bucket before it has started — inside that backward, so the reduction
+/// overlaps the rest of it and of the schedule. Buckets start in index order, so every replica issues the
+/// same collectives in the same order whatever order its hooks fire in. `start(params)`, after the
+/// backward, removes the hooks and starts what is left (gradients that never came: zeros); without an
+/// `arm` it lays out and starts every bucket at once. `finish` waits for every bucket (with the run's
+/// timeout), divides by the replica count and writes the averages back into the gradients. With one
+/// replica all of it does nothing.
 
-#include <mpx/runtime/errors.hpp>  // mpx::peer_error
+#include <mpx/runtime/errors.hpp>  // mpx::config_error
 #include <mpx/runtime/world.hpp>   // mpx::ProcessGroupPtr
 
-#include <torch/torch.h>  // torch::cat, torch::zeros
+#include <torch/csrc/autograd/function_hook.h>  // torch::autograd::FunctionPostHook
+#include <torch/torch.h>                        // torch::cat, torch::zeros
 
-#include <chrono>   // std::chrono::milliseconds
+#include <chrono>   // std::chrono::milliseconds, std::chrono::steady_clock
 #include <cstddef>  // std::size_t
+#include <cstdint>  // std::uintptr_t
+#include <memory>   // std::shared_ptr, std::unique_ptr
 #include <string>   // std::string
+#include <utility>  // std::exchange
 #include <vector>   // std::vector
 
 namespace mpx
@@ -23,28 +33,43 @@ namespace mpx
 class GradientBuckets
 {
  public:
+  using clock = std::chrono::steady_clock;
+
   GradientBuckets(ProcessGroupPtr dp, int replicas, std::size_t bucket_bytes, std::chrono::milliseconds timeout)
       : dp_(std::move(dp)), replicas_(replicas), bucket_bytes_(bucket_bytes), timeout_(timeout)
   {
   }
+  GradientBuckets(const GradientBuckets&) = delete;  // the hooks point at it
+  GradientBuckets& operator=(const GradientBuckets&) = delete;
+  ~GradientBuckets() { disarm(); }
 
-  /// Starts the all-reduce of `params`' gradients (those that train; a missing gradient counts as zero).
+  /// Before a stage's last backward: buckets of `params` (those that train) start as their gradients
+  /// become final (see the file comment).
+  void arm(const std::vector<at::Tensor>& params)
+  {
+    if (replicas_ == 1) return;
+    disarm();
+    lay_out(params);
+    for (std::size_t i = 0; i < armed_.params.size(); ++i) {
+      auto acc = torch::autograd::impl::grad_accumulator(armed_.params[i]);
+      if (!acc) continue;  // not a leaf that accumulates: start() sends what it holds
+      const auto key = acc->add_post_hook(std::make_unique<Ready>(this, i));
+      armed_.hooks.push_back({std::move(acc), key});
+    }
+  }
+
+  /// After a stage's last backward: starts every bucket of `params` not started yet (all of them
+  /// without an `arm`) and removes the hooks.
   void start(const std::vector<at::Tensor>& params)
   {
     if (replicas_ == 1) return;
-    std::vector<at::Tensor> group;
-    std::size_t bytes = 0;
-    for (auto& p : params) {
-      if (!p.requires_grad()) continue;
-      group.push_back(p);
-      bytes += std::size_t(p.numel()) * p.element_size();
-      if (bytes >= bucket_bytes_) {
-        launch(group);
-        group.clear();
-        bytes = 0;
-      }
-    }
-    launch(group);
+    if (armed_.hooks.empty() && armed_.params.empty()) lay_out(params);
+    remove_hooks();
+    for (std::size_t b = armed_.next; b < armed_.first.size(); ++b) launch(b);  // every replica issues the same collectives
+    armed_ = {};
+    if (std::exchange(twice_, false))
+      throw config_error("mpx: a parameter's gradient was accumulated twice in one backward, after its all-reduce bucket had started; "
+                         "set TrainOptions::overlap_reduction = false for this model");
   }
 
   /// Waits for every started bucket and writes the replica average into each gradient.
@@ -62,10 +87,15 @@ class GradientBuckets
       }
     }
     buckets_.clear();
+    launched_at_.clear();
   }
 
   /// Buckets started and not yet finished.
   std::size_t in_flight() const { return buckets_.size(); }
+  /// When each of them started (in the order they did).
+  const std::vector<clock::time_point>& launched_at() const { return launched_at_; }
+  /// How many of them started while a backward ran (from a gradient hook).
+  std::size_t started_in_backward() const { return in_backward_; }
 
  private:
   struct Bucket
@@ -74,23 +104,90 @@ class GradientBuckets
     at::Tensor flat;
     c10::intrusive_ptr<c10d::Work> work;
   };
-
-  void launch(const std::vector<at::Tensor>& group)
+  /// One stage's parameters between `arm` and `start`: bucket b holds params [first[b], first[b+1]).
+  struct Armed
   {
-    if (group.empty()) return;
+    std::vector<at::Tensor> params;  // reversed: the order gradients become final
+    std::vector<std::size_t> first, bucket_of, left;
+    std::vector<bool> ready;
+    std::size_t next = 0;  // the next bucket to start
+    std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks;
+  };
+  /// Fires after a parameter's gradient accumulator ran: its gradient of this backward is in.
+  struct Ready : torch::autograd::FunctionPostHook
+  {
+    Ready(GradientBuckets* o, std::size_t i) : owner(o), index(i) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) override
+    {
+      owner->ready(index);
+      return outputs;
+    }
+    GradientBuckets* owner;
+    std::size_t index;
+  };
+
+  void lay_out(const std::vector<at::Tensor>& params)
+  {
+    armed_ = {};
+    std::size_t bytes = 0;
+    for (auto it = params.rbegin(); it != params.rend(); ++it) {
+      if (!it->requires_grad()) continue;
+      if (armed_.first.empty() || bytes >= bucket_bytes_) armed_.first.push_back(armed_.params.size()), armed_.left.push_back(0), bytes = 0;
+      armed_.params.push_back(*it);
+      armed_.bucket_of.push_back(armed_.first.size() - 1);
+      ++armed_.left.back();
+      bytes += std::size_t(it->numel()) * it->element_size();
+    }
+    armed_.ready.assign(armed_.params.size(), false);
+  }
+
+  void ready(std::size_t i)
+  {
+    if (armed_.ready[i]) {  // a second accumulation in one backward: its bucket may have left without it
+      twice_ = true;
+      return;
+    }
+    armed_.ready[i] = true;
+    --armed_.left[armed_.bucket_of[i]];
+    while (armed_.next < armed_.first.size() && armed_.left[armed_.next] == 0) {
+      launch(armed_.next++);
+      ++in_backward_;
+    }
+  }
+
+  void launch(std::size_t b)
+  {
+    const std::size_t end = b + 1 < armed_.first.size() ? armed_.first[b + 1] : armed_.params.size();
+    std::vector<at::Tensor> group(armed_.params.begin() + std::ptrdiff_t(armed_.first[b]), armed_.params.begin() + std::ptrdiff_t(end));
     std::vector<at::Tensor> gs;
     for (auto& p : group) gs.push_back(p.grad().defined() ? p.grad().reshape(-1) : torch::zeros({p.numel()}, p.options()));
-    Bucket b{group, torch::cat(gs), {}};
-    std::vector<at::Tensor> v{b.flat};
-    b.work = dp_->allreduce(v);
-    buckets_.push_back(std::move(b));
+    Bucket bk{std::move(group), torch::cat(gs), {}};
+    std::vector<at::Tensor> v{bk.flat};
+    bk.work = dp_->allreduce(v);
+    buckets_.push_back(std::move(bk));
+    launched_at_.push_back(clock::now());
+  }
+
+  void remove_hooks()
+  {
+    for (auto& [node, key] : armed_.hooks) node->del_post_hook(key);
+    armed_.hooks.clear();
+  }
+  void disarm()
+  {
+    remove_hooks();
+    armed_ = {};
   }
 
   ProcessGroupPtr dp_;
   int replicas_;
   std::size_t bucket_bytes_;
   std::chrono::milliseconds timeout_;
+  Armed armed_;
   std::vector<Bucket> buckets_;
+  std::vector<clock::time_point> launched_at_;
+  std::size_t in_backward_ = 0;
+  bool twice_ = false;
 };
 
 }  // namespace mpx

@@ -49,6 +49,9 @@ struct TrainOptions
   /// (benchmarks/smallwork).
   bool skip_nonfinite = true;
   std::size_t bucket_bytes = std::size_t(25) << 20;  ///< data-parallel all-reduce bucket size
+  /// Data parallelism: each bucket's all-reduce starts inside the stage's last backward of the step, as
+  /// soon as its gradients are final (gradient_buckets.hpp); false: all of them after that backward.
+  bool overlap_reduction = true;
   bool trace = false;                              ///< record every action for `write_trace`
   LossScaling scaler{};                            ///< dynamic loss scaling (off by default; for fp16)
   CheckpointOptions checkpoints{};                 ///< what Trainer::save keeps and Trainer::load verifies

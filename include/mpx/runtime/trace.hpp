@@ -35,9 +35,14 @@ class TraceRecorder
  public:
   struct Event { Action a; long ts, dur, wait; };  ///< microseconds from the step's start
 
-  void clear() { events_.clear(); }
+  /// Something outside the schedule's actions (data parallelism's all-reduce): an instant when dur is 0.
+  struct Mark { std::string name; long ts, dur; };
+
+  void clear() { events_.clear(), marks_.clear(); }
   void record(Action a, long ts, long dur, long wait) { events_.push_back({a, ts, dur, wait}); }
+  void mark(std::string name, long ts, long dur) { marks_.push_back({std::move(name), ts, dur}); }
   const std::vector<Event>& events() const { return events_; }
+  const std::vector<Mark>& marks() const { return marks_; }
 
   /// This rank's events as Chrome trace events.
   nlohmann::json to_json(int rank, int replica) const
@@ -51,6 +56,12 @@ class TraceRecorder
       };
       if (e.wait > 0) event("wait " + name, "wait", e.ts, e.wait);  // the action's wait for its data, then its work
       event(name, is_compute(e.a.op) ? "compute" : "comm", e.ts + e.wait, e.dur - e.wait);
+    }
+    for (auto& k : marks_) {
+      nlohmann::json ev = {{"name", k.name}, {"cat", "reduce"}, {"ts", k.ts}, {"pid", replica}, {"tid", rank}};
+      if (k.dur > 0) ev["ph"] = "X", ev["dur"] = k.dur;
+      else ev["ph"] = "i", ev["s"] = "t";
+      mine.push_back(std::move(ev));
     }
     return mine;
   }
@@ -85,6 +96,7 @@ class TraceRecorder
 
  private:
   std::vector<Event> events_;
+  std::vector<Mark> marks_;
 };
 
 }  // namespace mpx

@@ -77,10 +77,17 @@ class Trainer
     StepStats st;
     st.loss_scale = scaler_.scale();
     const auto t0 = clock::now();
-    const auto walk = executor_.walk(mbs, scaler_.scale(), step_, o_.trace ? &trace_ : nullptr,
-                                     [this](int s) { buckets_.start(stages_.parameters(s)); });
+    const auto walk = executor_.walk(
+        mbs, scaler_.scale(), step_, o_.trace ? &trace_ : nullptr,
+        [this](int s) {
+          if (o_.overlap_reduction) buckets_.arm(stages_.parameters(s));
+        },
+        [this](int s) { buckets_.start(stages_.parameters(s)); });
     st.schedule_seconds = seconds(clock::now() - t0);
+    if (o_.trace) trace_buckets(t0);
+    const auto f0 = clock::now();
     buckets_.finish();
+    if (o_.trace && w_.replicas > 1) trace_.mark("wait all-reduce", us(f0 - t0), us(clock::now() - f0));
     for (int s = 0; s < N; ++s)
       if (stages_.holds(s)) stages_.sum_partial_gradients(s);  // sequence parallelism, shared key/value heads
     call_before_optimizer();
@@ -150,6 +157,14 @@ class Trainer
 
  private:
   static double seconds(clock::duration d) { return std::chrono::duration<double>(d).count(); }
+  static long us(clock::duration d) { return long(std::chrono::duration_cast<std::chrono::microseconds>(d).count()); }
+
+  /// The step's bucket starts, as instants in the trace (data parallelism).
+  void trace_buckets(clock::time_point t0)
+  {
+    const auto& at = buckets_.launched_at();
+    for (std::size_t b = 0; b < at.size(); ++b) trace_.mark("all-reduce bucket " + std::to_string(b) + " starts", us(at[b] - t0), 0);
+  }
 
   static void check_proof()
   {
