@@ -20,26 +20,22 @@ printf '#include <torch/torch.h>\n' > "$work/torch_pch.hpp"
 printf '#include <torch/torch.h>\n#include <mpx/mpx.hpp>\n' > "$work/mpx_pch.hpp"
 "$CXX" "${flags[@]}" -x c++-header "$work/torch_pch.hpp" -o "$work/torch_pch.hpp.gch"
 "$CXX" "${flags[@]}" -x c++-header "$work/mpx_pch.hpp" -o "$work/mpx_pch.hpp.gch"
-best() {  # best wall time of $runs compiles of: <source> [flags...]
-  local src=$1 b=999; shift
-  for ((i = 0; i < runs; i++)); do
-    local s e t
-    s=$(date +%s.%N); "$CXX" "${flags[@]}" -Winvalid-pch "$@" -c "$src" -o "$work/out.o"; e=$(date +%s.%N)
-    t=$(echo "$e - $s" | bc -l); if (( $(echo "$t < $b" | bc -l) )); then b=$t; fi
-  done
-  printf '%.2f' "$b"
+timed() {  # wall time of one compile of: <source> [flags...]
+  local src=$1 s e; shift
+  s=$(date +%s.%N); "$CXX" "${flags[@]}" -Winvalid-pch "$@" -c "$src" -o "$work/out.o"; e=$(date +%s.%N)
+  printf '%.2f' "$(echo "$e - $s" | bc -l)"
 }
-# alternate the contenders within each round of the best-of, so the machine's noise hits all alike
+# the best of $runs rounds, the contenders alternating within each round, so the machine's noise hits all alike
 declare -A t
 for key in torch_only downstream torch_only_pch downstream_torch_pch downstream_mpx_pch; do t[$key]=999; done
 for ((r = 0; r < runs; r++)); do
   for key in torch_only downstream torch_only_pch downstream_torch_pch downstream_mpx_pch; do
     case $key in
-      torch_only) v=$(runs=1 best "$work/torch_only.cpp") ;;
-      downstream) v=$(runs=1 best "$downstream") ;;
-      torch_only_pch) v=$(runs=1 best "$work/torch_only.cpp" -include "$work/torch_pch.hpp") ;;
-      downstream_torch_pch) v=$(runs=1 best "$downstream" -include "$work/torch_pch.hpp") ;;
-      downstream_mpx_pch) v=$(runs=1 best "$downstream" -include "$work/mpx_pch.hpp") ;;
+      torch_only) v=$(timed "$work/torch_only.cpp") ;;
+      downstream) v=$(timed "$downstream") ;;
+      torch_only_pch) v=$(timed "$work/torch_only.cpp" -include "$work/torch_pch.hpp") ;;
+      downstream_torch_pch) v=$(timed "$downstream" -include "$work/torch_pch.hpp") ;;
+      downstream_mpx_pch) v=$(timed "$downstream" -include "$work/mpx_pch.hpp") ;;
     esac
     if (( $(echo "$v < ${t[$key]}" | bc -l) )); then t[$key]=$v; fi
     echo "round $r $key $v s"

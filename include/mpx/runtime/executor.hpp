@@ -6,7 +6,8 @@
 /// waits only for the data it needs (the wait is its idle time). Channels and peers come from
 /// channels.hpp, the same functions the proof uses. It knows nothing of optimizers or loss scaling: the
 /// caller gives the loss's gradient seed, hears through `last_backward(s)` that stage s's last backward
-/// of the step (B, or W under a split backward) is about to run and through `stage_done(s)` that it is
+/// of the step that computes parameter gradients (B; W, or I when it does not split) is about to run and
+/// through `stage_done(s)` that it is
 /// done (data parallelism's buckets start in between, as the gradients become final). A failure is reported where it
 /// happened: a `peer_error` for what came from the wire, a `stage_error` for the stage's own code, both
 /// naming rank, step, action and, for a peer error, the peer.
@@ -143,21 +144,12 @@ class Executor
       case Op::F: forward(a, st, b, loss_sum); break;
       case Op::SendF: send(a, k, st.outputs); break;
       case Op::B:
-        st.input_grads = full_backward(st, a);
-        --weights_left_[std::size_t(s)];
+        whole_backward(st, a);
         done(s, stage_done);
-        st.outputs.clear();
-        st.loss = at::Tensor();
         break;
       case Op::I:
-        if (!decide_split(s, st)) {  // the whole backward now; the W that follows has nothing left to do
-          st.input_grads = full_backward(st, a);
-          --weights_left_[std::size_t(s)];
-          st.outputs.clear();
-          st.loss = at::Tensor();
-        } else {
-          input_backward(st, a);
-        }
+        if (decide_split(s, st)) input_backward(st, a);
+        else whole_backward(st, a);  // the W that follows has nothing left to do
         break;
       case Op::W:
         if (split_used(s)) {
@@ -224,10 +216,14 @@ class Executor
     return out;
   }
 
-  std::vector<at::Tensor> full_backward(MicroState& st, Action a)
+  /// B (or an I that does not split): the inputs' gradients and the parameters' at once.
+  void whole_backward(MicroState& st, Action a)
   {
     auto [outs, grads] = backward_seeds(st, a);
-    return mpx::full_backward(outs, grads, st.inputs);
+    st.input_grads = mpx::full_backward(outs, grads, st.inputs);
+    --weights_left_[std::size_t(a.stage)];
+    st.outputs.clear();
+    st.loss = at::Tensor();
   }
 
   void input_backward(MicroState& st, Action a)

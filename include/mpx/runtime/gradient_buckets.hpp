@@ -65,7 +65,7 @@ class GradientBuckets
     if (replicas_ == 1) return;
     if (armed_.hooks.empty() && armed_.params.empty()) lay_out(params);
     remove_hooks();
-    for (std::size_t b = armed_.next; b < armed_.first.size(); ++b) launch(b);  // every replica issues the same collectives
+    for (std::size_t b = armed_.next; b < armed_.left.size(); ++b) launch(b);  // every replica issues the same collectives
     armed_ = {};
     if (std::exchange(twice_, false))
       throw config_error("mpx: a parameter's gradient was accumulated twice in one backward, after its all-reduce bucket had started; "
@@ -108,7 +108,7 @@ class GradientBuckets
   struct Armed
   {
     std::vector<at::Tensor> params;  // reversed: the order gradients become final
-    std::vector<std::size_t> first, bucket_of, left;
+    std::vector<std::size_t> first, bucket_of, left;  // first: one more than buckets, ending at params.size()
     std::vector<bool> ready;
     std::size_t next = 0;  // the next bucket to start
     std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks;
@@ -138,6 +138,7 @@ class GradientBuckets
       ++armed_.left.back();
       bytes += std::size_t(it->numel()) * it->element_size();
     }
+    armed_.first.push_back(armed_.params.size());
     armed_.ready.assign(armed_.params.size(), false);
   }
 
@@ -149,7 +150,7 @@ class GradientBuckets
     }
     armed_.ready[i] = true;
     --armed_.left[armed_.bucket_of[i]];
-    while (armed_.next < armed_.first.size() && armed_.left[armed_.next] == 0) {
+    while (armed_.next < armed_.left.size() && armed_.left[armed_.next] == 0) {
       launch(armed_.next++);
       ++in_backward_;
     }
@@ -157,8 +158,7 @@ class GradientBuckets
 
   void launch(std::size_t b)
   {
-    const std::size_t end = b + 1 < armed_.first.size() ? armed_.first[b + 1] : armed_.params.size();
-    std::vector<at::Tensor> group(armed_.params.begin() + std::ptrdiff_t(armed_.first[b]), armed_.params.begin() + std::ptrdiff_t(end));
+    std::vector<at::Tensor> group(armed_.params.begin() + std::ptrdiff_t(armed_.first[b]), armed_.params.begin() + std::ptrdiff_t(armed_.first[b + 1]));
     std::vector<at::Tensor> gs;
     for (auto& p : group) gs.push_back(p.grad().defined() ? p.grad().reshape(-1) : torch::zeros({p.numel()}, p.options()));
     Bucket bk{std::move(group), torch::cat(gs), {}};
