@@ -12,6 +12,7 @@ packages=(
   nlohmann-json3-dev libfmt-dev libcli11-dev libstb-dev
   libxxhash-dev                             # checkpoint checksums (XXH3-64, used header-only)
   python3-torch iproute2                    # torchrun (the launcher test) and ip netns (the two-node test)
+  python3-pil                               # Pillow: the Lanczos reference of moondream's crops (image.test.cpp)
 )
 command -v node >/dev/null && command -v npm >/dev/null || packages+=(nodejs npm)  # moondream's tokenizer files and test
 

@@ -111,3 +111,90 @@ TEST_CASE("A user table that splits some stages' backward freezes to its exact s
   CHECK(table_v<U>.steps.size() == 10);
   CHECK(prove(table_v<U>).ok());
 }
+
+namespace
+{
+/// Whether any rank of P's table has a backward of stage s, or any rank sends or receives a gradient on
+/// boundary b (stage b's output).
+template <class P>
+constexpr bool any_backward(int s)
+{
+  const Table t = P::make_table();
+  for (int r = 0; r < t.num_ranks(); ++r)
+    for (const Step& c : t.rank(r))
+      if (c.stage == s && c.op != Op::F) return true;
+  return false;
+}
+template <class P>
+constexpr bool any_gradient_message(int boundary)
+{
+  const Table t = P::make_table();
+  for (int r = 0; r < t.num_ranks(); ++r)
+    for (const Action& a : expand(t, r))
+      if ((a.op == Op::SendB && a.stage == boundary + 1) || (a.op == Op::RecvB && a.stage == boundary)) return true;
+  return false;
+}
+template <class Sched, int M = 4>
+using FrozenFirst = Pipeline<Stage<Block, CPU<0>, Frozen>, Stage<Block, CPU<1>>, Stage<Block, CPU<2>>, Schedule<Sched>, Microbatches<M>>;
+}  // namespace
+
+TEST_CASE("A Frozen stage with nothing trainable before it runs forward only in every built-in schedule: no backward, no gradient message, no activation in flight", "[pipeline][static][frozen]")
+{
+  STATIC_REQUIRE(FrozenFirst<GPipe>::forward_only_stages == 1);
+  STATIC_REQUIRE(TwoStage::forward_only_stages == 1);
+  STATIC_REQUIRE(FourStage::forward_only_stages == 1);
+  STATIC_REQUIRE(Looped::forward_only_stages == 0);
+  [&]<class... S>(detail::type_list<S...>) {
+    (([] {
+       using P = FrozenFirst<S>;
+       STATIC_REQUIRE(P::layout.forward_only == 1);
+       STATIC_REQUIRE(proof_v<P>.ok());
+       STATIC_REQUIRE(!any_backward<P>(0));
+       STATIC_REQUIRE(any_backward<P>(1));
+       STATIC_REQUIRE(!any_gradient_message<P>(0));  // stage 1 sends nothing back to stage 0
+       STATIC_REQUIRE(any_gradient_message<P>(1));
+       STATIC_REQUIRE(proof_v<P>.peak_in_flight[0] == 0);  // its forwards keep nothing for a backward
+       STATIC_REQUIRE(proof_v<P>.busy[0] == 4);          // four forwards of one unit
+       STATIC_REQUIRE(P::num_steps == 4 + 2 * 4 * (S::split_backward ? 3 : 2));
+       CHECK(table_v<P>.steps.size() == P::num_steps);
+       CHECK(prove(table_v<P>).ok());
+     }()),
+     ...);
+  }(detail::type_list<GPipe, OneFOneB, ZBH1>{});
+  // interleaved: stage 0 (forward only) and stage 2 share slot 0
+  using Inter = Pipeline<Stage<Block, CPU<0>, Frozen>, Stage<Block, CPU<1>>, Stage<Block, CPU<0>>, Stage<Block, CPU<1>>,
+                         Schedule<Interleaved1F1B>, Microbatches<4>>;
+  STATIC_REQUIRE(proof_v<Inter>.ok());
+  STATIC_REQUIRE(!any_backward<Inter>(0));
+  STATIC_REQUIRE(any_backward<Inter>(2));
+  STATIC_REQUIRE(!any_gradient_message<Inter>(0));
+  // the compressed and flat proofs agree on it, and the step is shorter than training stage 0 too
+  using Trained = Pipeline<Stage<Block, CPU<0>>, Stage<Block, CPU<1>>, Stage<Block, CPU<2>>, Schedule<OneFOneB>, Microbatches<4>>;
+  constexpr Proof flat = prove(FrozenFirst<OneFOneB>::make_table()), runs = prove(OneFOneB::runs(FrozenFirst<OneFOneB>::layout));
+  STATIC_REQUIRE(flat.makespan == runs.makespan);
+  STATIC_REQUIRE(flat.peak_in_flight[1] == runs.peak_in_flight[1]);
+  STATIC_REQUIRE(proof_v<FrozenFirst<OneFOneB>>.makespan < proof_v<Trained>.makespan);
+}
+
+TEST_CASE("Leading Frozen stages all run forward only, and a Frozen stage after a trainable one still runs backward (its gradient flows through)", "[pipeline][static][frozen]")
+{
+  using TwoFrozen = Pipeline<Stage<Block, CPU<0>, Frozen>, Stage<Block, CPU<1>, Frozen>, Stage<Block, CPU<2>>, Microbatches<4>>;
+  STATIC_REQUIRE(TwoFrozen::forward_only_stages == 2);
+  STATIC_REQUIRE(!any_backward<TwoFrozen>(1));
+  STATIC_REQUIRE(!any_gradient_message<TwoFrozen>(1));
+  using Middle = Pipeline<Stage<Block, CPU<0>>, Stage<Block, CPU<1>, Frozen>, Stage<Block, CPU<2>>, Microbatches<4>>;
+  STATIC_REQUIRE(Middle::forward_only_stages == 0);
+  STATIC_REQUIRE(any_backward<Middle>(1));
+  STATIC_REQUIRE(any_gradient_message<Middle>(0));  // stage 1 sends stage 0 its gradient
+  STATIC_REQUIRE(proof_v<Middle>.peak_in_flight[1] > 0);
+}
+
+TEST_CASE("A user table that gives a forward-only stage a backward fails its proof", "[pipeline][frozen]")
+{
+  constexpr Layout l = TwoStage::layout;
+  STATIC_REQUIRE(prove(detail::user_table("F0 F1 ; F0 B0 F1 B1", l)).ok());
+  constexpr Proof bad = prove(detail::user_table("F0 F1 B0 B1 ; F0 B0 F1 B1", l));
+  STATIC_REQUIRE(bad.verdict == Verdict::forward_only_backward);
+  STATIC_REQUIRE(bad.rank == 0);
+  STATIC_REQUIRE(bad.step == 2);
+}

@@ -8,8 +8,7 @@ build=${1:-build} config=${2:-medium} steps=${3:-4} mb=${4:-1}
 train="$build/examples/moondream/moondream_train"
 out=$(mktemp -d)
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-echo "machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(free -g | awk '/Mem/{print $2}') GiB"
-echo "LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null), g++ $(g++ -dumpversion), OpenBLAS, 1 intra-op thread per rank"
+source "$(dirname "$0")/../results_file.sh" && describe_machine
 echo "config $config, $steps steps, micro-batch $mb x 4 micro-batches per step, generated images at the crop size (2 crops each)"
 for layout in 1 2 4; do
   "$train" --config "$config" --layout "$layout" --steps "$steps" --microbatch-size "$mb" --eval-samples 0 --quiet \

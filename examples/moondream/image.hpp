@@ -5,7 +5,8 @@
 /// normalisation and patches, and the stitching of the local crops' features into one grid.
 /// Shape legend: H, W image height/width; N crops; C channels; P patches (729 = 27 x 27); D features.
 
-#include "config.hpp"  // moondream::VisionConfig
+#include "config.hpp"   // moondream::VisionConfig
+#include "lanczos.hpp"  // moondream::detail::lanczos_resize
 
 #include <torch/torch.h>  // torch::nn::functional::interpolate
 
@@ -45,14 +46,9 @@ struct Crops
 
 namespace detail
 {
-/// Resizes an (C, H, W) uint8 image to h x w (aspect ratio not kept), antialiased bicubic.
-inline at::Tensor resize(const at::Tensor& img_CHW, int h, int w)
-{
-  namespace F = torch::nn::functional;
-  auto x = img_CHW.unsqueeze(0).to(torch::kFloat);
-  x = F::interpolate(x, F::InterpolateFuncOptions().size(std::vector<int64_t>{h, w}).mode(torch::kBicubic).align_corners(false).antialias(true));
-  return x.squeeze(0).round().clamp(0, 255).to(torch::kByte);
-}
+/// Resizes an (C, H, W) uint8 image to h x w (aspect ratio not kept) with Lanczos-3, as the reference's
+/// PIL path does (§6.3; lanczos.hpp).
+inline at::Tensor resize(const at::Tensor& img_CHW, int h, int w) { return lanczos_resize(img_CHW, h, w); }
 }  // namespace detail
 
 /// Overlapping crops of an (H, W, C) uint8 image (§6.3).
@@ -70,8 +66,12 @@ inline Crops overlap_crops(const at::Tensor& img_HWC, const VisionConfig& v = {}
   return {torch::stack(crops), th, tw};
 }
 
-/// uint8 crops to [-1, 1]: mean = std = 0.5 per channel (§6.3.4, computed in fp32).
-inline at::Tensor normalize(const at::Tensor& crops_NCHW) { return (crops_NCHW.to(torch::kFloat) / 255.0 - 0.5) / 0.5; }
+/// uint8 crops to [-1, 1]: mean = std = 0.5 per channel, computed in bf16 as the reference does (§6.3.4), then
+/// widened to fp32.
+inline at::Tensor normalize(const at::Tensor& crops_NCHW)
+{
+  return ((crops_NCHW.to(torch::kBFloat16) / 255.0 - 0.5) / 0.5).to(torch::kFloat);
+}
 
 /// (N, C, 378, 378) to (N, 729, C*14*14): patches row-major; inside a patch channel, then y, then x (§6.3.5).
 inline at::Tensor patchify(const at::Tensor& x_NCHW, const VisionConfig& v = {})

@@ -17,17 +17,22 @@
 namespace moondream
 {
 
+/// The vision stage's policy: trained with the recipe's optimizer, or `Frozen` — then, being the first stage,
+/// it runs forward only (no backward, no gradient message from the text stage, no activations kept).
+template <bool FrozenVision>
+using VisionTraining = std::conditional_t<FrozenVision, mpx::Frozen, mpx::Optimizer<mpx::AdamW8bit>>;
+
 /// vision | text — the seed's split: the encoder on one device, the decoder on the next; with TextTP > 1
 /// the decoder is split over that many adjacent ranks (tensor parallelism: heads, MLP columns, vocabulary),
 /// with VisionTP > 1 the encoder (heads, MLP columns) and its projection.
-template <class Schedule, int TextTP = 1, int VisionTP = 1>
-using TwoStage = mpx::Pipeline<mpx::Stage<Vision, mpx::GPU<0>, mpx::Optimizer<mpx::AdamW8bit>, mpx::TensorParallel<VisionTP>>,
+template <class Schedule, int TextTP = 1, int VisionTP = 1, bool FrozenVision = false>
+using TwoStage = mpx::Pipeline<mpx::Stage<Vision, mpx::GPU<0>, VisionTraining<FrozenVision>, mpx::TensorParallel<VisionTP>>,
                                mpx::Stage<Text, mpx::GPU<1>, mpx::Optimizer<mpx::AdamW8bit>, mpx::Reads<"tokens">, mpx::TensorParallel<TextTP>>,
                                mpx::Batch<Batch>, mpx::Schedule<Schedule>, mpx::Microbatches<MOONDREAM_MICROBATCHES>>;
 
 /// vision | text [0, n/3) | text [n/3, 2n/3) | text [2n/3, n) — the decoder over three devices.
-template <class Schedule>
-using FourStage = mpx::Pipeline<mpx::Stage<Vision, mpx::GPU<0>, mpx::Optimizer<mpx::AdamW8bit>>,
+template <class Schedule, bool FrozenVision = false>
+using FourStage = mpx::Pipeline<mpx::Stage<Vision, mpx::GPU<0>, VisionTraining<FrozenVision>>,
                                 mpx::Stage<Text, mpx::GPU<1>, mpx::Optimizer<mpx::AdamW8bit>, mpx::Reads<"tokens">>,
                                 mpx::Stage<Text, mpx::GPU<2>, mpx::Optimizer<mpx::AdamW8bit>>,
                                 mpx::Stage<Text, mpx::GPU<3>, mpx::Optimizer<mpx::AdamW8bit>>,
@@ -38,5 +43,6 @@ int train_two_stage(const Options& o);   // train_two_stage.cpp
 int train_two_stage_tp(const Options& o);  // train_two_stage_tp.cpp: the text stage over --tp ranks
 int train_two_stage_vision_tp(const Options& o);  // train_two_stage_vision_tp.cpp: the vision stage over --vision-tp ranks too
 int train_four_stage(const Options& o);  // train_four_stage.cpp
+int train_frozen_vision(const Options& o);  // train_frozen_vision.cpp: layouts 2, 2x2 and 4 with the vision stage Frozen
 
 }  // namespace moondream

@@ -46,6 +46,7 @@ struct Options
   bool checkpoint = false;        ///< activation checkpointing of every stage
   bool checkpoint_blocks = false; ///< activation checkpointing of every block of every stage
   std::string freeze_vision = "auto";  ///< auto: frozen when fine-tuning (--weights), trained from scratch
+  std::string vision_forward_only = "on";  ///< a frozen vision stage is mpx::Frozen (forward only); off: it runs a backward (benchmarks)
   std::string save, resume;
   long save_every = 0;
   int max_restarts = 0;  ///< the launcher restarts the ranks after a failure; they resume from --save

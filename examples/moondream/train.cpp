@@ -47,6 +47,10 @@ int main(int argc, char** argv)
   app.add_flag("--checkpoint-blocks", o.checkpoint_blocks, "activation checkpointing of every block (vision and text)");
   app.add_option("--freeze-vision", o.freeze_vision, "auto (frozen when fine-tuning --weights) | on | off")
       ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
+  app.add_option("--vision-forward-only", o.vision_forward_only,
+                 "on: a frozen vision stage runs forward only (no backward, no gradient message); off: it still runs its backward "
+                 "(the comparison of benchmarks/frozen_vision)")
+      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_option("--save", o.save, "directory for checkpoint/, model/, metrics.jsonl, loss.svg");
   app.add_option("--save-every", o.save_every, "also checkpoint every N steps");
   app.add_option("--resume", o.resume, "continue from <dir>/checkpoint's latest checkpoint, or from a checkpoint directory (saved by any layout or --tp, or by layout 1; the same config)");
@@ -84,6 +88,8 @@ int main(int argc, char** argv)
     const int per_replica = o.layout == "4" ? 4 : o.vision_tp + o.tp;  // vision's ranks, then the text stage's
     const int nproc = o.layout == "2x2" ? 2 * per_replica : per_replica;
     if (const int status = mpx::relaunch_self(nproc, argc, argv, o.max_restarts); status >= 0) return status;
+    if (!o.train_vision() && o.vision_forward_only == "on" && o.tp == 1 && o.vision_tp == 1)
+      return moondream::train_frozen_vision(o);  // the vision stage is mpx::Frozen: forward only
     if (o.layout == "4") return moondream::train_four_stage(o);
     if (o.vision_tp > 1) return moondream::train_two_stage_vision_tp(o);
     return o.tp > 1 ? moondream::train_two_stage_tp(o) : moondream::train_two_stage(o);

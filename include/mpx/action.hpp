@@ -11,6 +11,8 @@
 /// - `SendF(s, m)` sends stage s's output to stage s+1; `RecvF(s, m)` receives stage s's input from s-1.
 /// - `SendB(s, m)` sends the gradient of stage s's input to s-1; `RecvB(s, m)` receives the gradient of
 ///   stage s's output from s+1.
+/// - A forward-only stage (`Layout::forward_only`: the leading `Frozen` stages) has F actions only, and
+///   the first stage after them sends no gradient back.
 /// Messages on one channel (direction and stage boundary) are matched first-in first-out.
 ///
 /// Storage: a rank's program is a list of `Step`s. A step is one compute, then the receives it posts
@@ -22,7 +24,7 @@
 #include <mpx/config.hpp>  // MPX_VERSION
 
 #include <array>    // std::array
-#include <cstdint>  // std::uint8_t, std::uint16_t, std::uint32_t
+#include <cstdint>  // std::int64_t, std::uint8_t, std::uint16_t, std::uint32_t
 #include <span>     // std::span
 #include <vector>   // std::vector
 
@@ -70,6 +72,31 @@ constexpr int cost_of(Op op) { return op == Op::F ? 1 : op == Op::B ? 2 : (op ==
 /// The largest pipeline the compile-time tables describe.
 inline constexpr int max_stages = 1024;
 
+/// One layer's cost per micro-batch, declared or measured, in any integer unit all layers share (FLOPs,
+/// microseconds): its forward and its full backward (balance.hpp).
+struct LayerCost
+{
+  std::int64_t forward = 0, backward = 0;
+  friend constexpr bool operator==(const LayerCost&, const LayerCost&) = default;
+};
+
+/// Per-stage costs per micro-batch of each kind of compute, in one integer unit: what the proof's timeline
+/// uses instead of `cost_of` when it is given them (`mpx::predict`, balance.hpp).
+struct StageCosts
+{
+  std::array<std::int64_t, max_stages> forward{}, backward{}, input{}, weight{};
+  /// I and W as halves of B (the zero-bubble paper's I = W), for the first `stages` stages.
+  constexpr void split_evenly(int stages)
+  {
+    for (int s = 0; s < stages; ++s) input[std::size_t(s)] = (backward[std::size_t(s)] + 1) / 2, weight[std::size_t(s)] = backward[std::size_t(s)] / 2;
+  }
+  constexpr std::int64_t of(Op op, int s) const
+  {
+    const auto i = std::size_t(s);
+    return op == Op::F ? forward[i] : op == Op::B ? backward[i] : op == Op::I ? input[i] : op == Op::W ? weight[i] : 0;
+  }
+};
+
 /// Where stages live and how many micro-batches one step has: the input of every schedule.
 struct Layout
 {
@@ -77,6 +104,9 @@ struct Layout
   int stages = 0;        ///< stages, >= ranks (more for interleaved)
   int microbatches = 0;  ///< micro-batches per step
   std::array<std::uint16_t, max_stages> rank_of{};  ///< stage -> rank
+  /// Stages [0, forward_only) run forward only: `Frozen`, with no trainable stage before them, they need
+  /// no backward, no gradient message and no activations kept (the pipeline's leading frozen stages).
+  int forward_only = 0;
 
   /// The usual placement: stage s on rank s % ranks.
   static constexpr Layout looped(int ranks, int stages, int microbatches)
@@ -88,9 +118,13 @@ struct Layout
     for (int s = 0; s < stages && s < max_stages; ++s) l.rank_of[s] = static_cast<std::uint16_t>(s % ranks);
     return l;
   }
+  /// Whether stage s runs a backward (it trains, or gradients flow through it to a stage that does).
+  constexpr bool trains(int s) const { return s >= forward_only; }
   constexpr bool receives_forward(Op op, int s) const { return op == Op::F && s > 0; }
   constexpr bool receives_backward(Op op, int s) const { return (op == Op::B || op == Op::I) && s + 1 < stages; }
   constexpr bool receives(Op op, int s) const { return receives_forward(op, s) || receives_backward(op, s); }
+  /// Whether a backward of stage s sends its input's gradient back: only to a stage that runs backward.
+  constexpr bool sends_backward(Op op, int s) const { return (op == Op::B || op == Op::I) && s > forward_only; }
 };
 
 namespace detail
@@ -219,7 +253,7 @@ constexpr std::vector<Action> expand(const AnyTable& t, int r)
     out.push_back({c.op, c.stage, c.mb});
     post_until(c.post_end);
     if (c.op == Op::F && c.stage + 1 < l.stages) out.push_back({Op::SendF, c.stage, c.mb});
-    if ((c.op == Op::B || c.op == Op::I) && c.stage > 0) out.push_back({Op::SendB, c.stage, c.mb});
+    if (l.sends_backward(c.op, c.stage)) out.push_back({Op::SendB, c.stage, c.mb});
   }
   return out;
 }

@@ -36,11 +36,12 @@ constexpr int recv_channel(Op op, int s, int stages)
   return -1;
 }
 
-/// The channel compute `op` of stage `s` (of `stages`) sends its result on; -1 when none.
-constexpr int send_channel(Op op, int s, int stages)
+/// The channel compute `op` of stage `s` (of `stages`, the first `forward_only` of them running forward
+/// only) sends its result on; -1 when none. No gradient goes back to a forward-only stage.
+constexpr int send_channel(Op op, int s, int stages, int forward_only = 0)
 {
   if (op == Op::F) return s + 1 < stages ? activation_channel(s) : -1;
-  if (op == Op::B || op == Op::I) return s > 0 ? gradient_channel(s - 1) : -1;
+  if (op == Op::B || op == Op::I) return s > forward_only && s > 0 ? gradient_channel(s - 1) : -1;
   return -1;
 }
 

@@ -23,6 +23,7 @@
 /// by the same function. `Pipeline::proved_at_compile_time` says which.
 
 #include <mpx/action.hpp>      // mpx::Layout, mpx::Table, mpx::FrozenTable
+#include <mpx/balance.hpp>     // mpx::predict, mpx::StageCosts
 #include <mpx/batch.hpp>       // mpx::Batch
 #include <mpx/boundary.hpp>    // mpx::Boundary
 #include <mpx/proof.hpp>       // mpx::prove, mpx::Proof
@@ -135,6 +136,10 @@ struct schedule_proof_failed
                 "mpx::Pipeline: the schedule table deadlocks under blocking sends (a send completes only when the peer "
                 "has posted its receive); the first blocked rank, its step and what it waits for are in "
                 "mpx::detail::schedule_proof_failed above. Post receives earlier (RF/RB tokens) or reorder");
+  static_assert(V != Verdict::forward_only_backward,
+                "mpx::Pipeline: the schedule table gives a backward (B, I or W) to a forward-only stage: a Frozen stage "
+                "with no trainable stage before it runs forwards only and gets no gradient; remove those actions from "
+                "the table (see mpx::detail::schedule_proof_failed above)");
   static constexpr bool ok = true;
 };
 }  // namespace detail
@@ -349,19 +354,36 @@ struct Pipeline
                 "pipeline has no mpx::Batch<B>); fix the field name or add the field or the option");
 
   // ---- The schedule and its proof ----
-  /// The schedule's input: stage -> slot and micro-batches.
+ private:
+  template <std::size_t... I>
+  static constexpr std::array<bool, sizeof...(I)> frozen_impl(std::index_sequence<I...>) { return {stage<int(I)>::frozen...}; }
+
+ public:
+  /// The leading `Frozen` stages: nothing before them trains, so they run forward only (no backward, no
+  /// gradient message, no activations kept; action.hpp). A `Frozen` stage after a trainable one still runs
+  /// its backward: the gradient must flow through it.
+  static constexpr int forward_only_stages = [] {
+    constexpr auto frozen = frozen_impl(seq{});
+    int n = 0;
+    while (n < num_stages && frozen[std::size_t(n)]) ++n;
+    return n;
+  }();
+  /// The schedule's input: stage -> slot, micro-batches, forward-only stages.
   static constexpr Layout layout = [] {
     Layout l;
     l.ranks = num_slots;
     l.stages = num_stages;
     l.microbatches = num_microbatches;
+    l.forward_only = forward_only_stages;
     for (int i = 0; i < num_stages; ++i) l.rank_of[i] = static_cast<std::uint16_t>(slots[i]);
     return l;
   }();
   /// Steps in one training step's table, all ranks together (a schedule may count them itself).
   static constexpr std::size_t num_steps = [] {
     if constexpr (requires { schedule::steps(layout); }) return schedule::steps(layout);
-    else return std::size_t(num_stages) * num_microbatches * (schedule::split_backward ? 3 : 2);
+    else
+      return std::size_t(forward_only_stages) * num_microbatches +
+             std::size_t(num_stages - forward_only_stages) * num_microbatches * (schedule::split_backward ? 3 : 2);
   }();
   /// Whether the schedule has a compressed table (runs.hpp): its proof fast-forwards the steady state,
   /// so it runs at compile time whatever m is.
@@ -389,6 +411,42 @@ struct Pipeline
 
   /// Builds the table (constant evaluation or run time alike).
   static constexpr Table make_table() { return schedule::table(layout); }
+
+  // ---- Declared costs (balance.hpp) ----
+ private:
+  template <int I>
+  static constexpr LayerCost declared_cost()
+  {
+    using S = stage<I>;
+    const auto& all = S::traits::impl::layer_costs;
+    const int n = int(all.size());
+    const int b = S::has_layers ? S::layer_begin : 0, e = S::has_layers && S::layer_end != to_end ? S::layer_end : n;
+    LayerCost c;
+    for (int i = b; i < e && i < n; ++i) c.forward += all[std::size_t(i)].forward, c.backward += all[std::size_t(i)].backward;
+    return c;
+  }
+
+ public:
+  /// Whether every stage's module declares `static constexpr std::array<mpx::LayerCost, N> layer_costs`.
+  static constexpr bool declares_costs = []<std::size_t... I>(std::index_sequence<I...>) {
+    return (requires { stage<int(I)>::traits::impl::layer_costs; } && ...);
+  }(seq{});
+  /// Each stage's declared cost per micro-batch (the sum of its layers'; zero without declared costs).
+  static constexpr StageCosts stage_costs = [] {
+    StageCosts c;
+    if constexpr (declares_costs)
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        ((c.forward[I] = declared_cost<int(I)>().forward, c.backward[I] = declared_cost<int(I)>().backward), ...);
+      }(seq{});
+    c.split_evenly(num_stages);
+    return c;
+  }();
+  /// The schedule's timeline under the declared costs: the predicted step (`makespan`), each slot's busy
+  /// time, the bubble. Empty without declared costs, or when the proof runs at start-up.
+  static constexpr Proof predicted = [] {
+    if constexpr (!declares_costs || !proved_at_compile_time) return Proof{};
+    else return predict<schedule>(layout, stage_costs);
+  }();
 };
 
 namespace detail

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// @file print.hpp
-/// `std::cout << mpx::print<P>`: a pipeline's stage -> slot table, its schedule's expected bubble and
-/// peak in-flight micro-batches, and each rank's timeline in ASCII. When in doubt, print it.
+/// `std::cout << mpx::print<P>`: a pipeline's stage -> slot table, its forward-only stages, its schedule's
+/// expected bubble and peak in-flight micro-batches, and each rank's timeline in ASCII. When in doubt, print it.
 ///
 /// ```
 /// std::cout << mpx::print<MyPipeline>;
@@ -48,6 +48,26 @@ std::string policy_list()
     add("Layers<" + std::to_string(S::layer_begin) + "," + (S::layer_end == to_end ? std::string("end") : std::to_string(S::layer_end)) + ">");
   for (std::size_t f = 0; f < S::reads::size; ++f) add("Reads:" + std::string(S::reads::fields[f]));
   return out.empty() ? "-" : out;
+}
+}  // namespace detail
+
+namespace detail
+{
+/// Each slot's declared load per micro-batch and the predicted step under the schedule (balance.hpp).
+template <class P>
+void print_costs(std::ostream& os)
+{
+  std::vector<std::int64_t> load(std::size_t(P::num_slots), 0);
+  std::int64_t most = 0;
+  for (int s = 0; s < P::num_stages; ++s)
+    load[std::size_t(P::slots[s])] += P::stage_costs.forward[std::size_t(s)] + (P::layout.trains(s) ? P::stage_costs.backward[std::size_t(s)] : 0);
+  os << "declared cost per micro-batch (forward + backward):";
+  for (int q = 0; q < P::num_slots; ++q) {
+    os << (q ? ", " : " ") << "slot " << q << ' ' << load[std::size_t(q)];
+    most = load[std::size_t(q)] > most ? load[std::size_t(q)] : most;
+  }
+  os << "\npredicted step " << P::predicted.makespan << " (the busiest slot's work " << most * P::num_microbatches << "), bubble "
+     << int(P::predicted.bubble() * 1000 + 0.5) / 10.0 << "%\n";
 }
 }  // namespace detail
 
@@ -140,6 +160,15 @@ std::ostream& operator<<(std::ostream& os, printer<P>)
     os << "\n";
   }
   const int p = P::num_slots, m = P::num_microbatches, v = P::num_chunks;
+  if constexpr (P::declares_costs && P::proved_at_compile_time) detail::print_costs<P>(os);
+  if constexpr (P::forward_only_stages > 0) {
+    os << "forward only: stage" << (P::forward_only_stages > 1 ? "s 0-" + std::to_string(P::forward_only_stages - 1) : std::string(" 0"))
+       << " (Frozen, nothing trainable before): no backward, no gradient messages, no activations kept\n";
+    if (P::forward_only_stages < P::num_stages) {
+      print_timeline(os, P::make_table());
+      return os;  // the published formulas assume every stage runs a backward
+    }
+  }
   if constexpr (std::is_same_v<Tag, GPipe> || std::is_same_v<Tag, OneFOneB>)
     os << "published bubble (p-1)/(m+p-1) = " << int(1000.0 * (p - 1) / (m + p - 1) + 0.5) / 10.0 << "%\n";
   else if constexpr (std::is_same_v<Tag, Interleaved1F1B>)

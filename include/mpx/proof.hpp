@@ -3,8 +3,8 @@
 /// @file proof.hpp
 /// The compile-time proof of a schedule table. `mpx::prove(table)` runs every rank's program and reports
 /// whether each action belongs to its rank and runs once, whether every micro-batch of every stage goes
-/// forward before backward and is finished, whether every send meets its receive in order, and whether
-/// every rank finishes. It also yields the expected step time, bubble fraction and peak in-flight
+/// forward before backward and is finished (a forward-only stage, `Layout::forward_only`, with forwards
+/// only), whether every send meets its receive in order, and whether every rank finishes. It also yields the expected step time, bubble fraction and peak in-flight
 /// micro-batches per rank. `Pipeline` `static_assert`s each verdict.
 ///
 /// Semantics proved (Gloo's, and the strictest the executor relies on; see docs/03_schedules.md):
@@ -39,6 +39,7 @@ enum class Verdict : std::uint8_t {
   out_of_order,           ///< a backward before its forward, W before I, or a compute whose receive is not posted
   unmatched_messages,     ///< the k-th send on a channel carries another micro-batch than the k-th receive expects
   deadlock,               ///< some rank can never finish
+  forward_only_backward,  ///< a backward of a forward-only stage (Frozen, nothing trainable before it)
 };
 
 constexpr const char* verdict_text(Verdict v)
@@ -50,7 +51,8 @@ constexpr const char* verdict_text(Verdict v)
                                "a micro-batch is left unfinished",
                                "an action comes before what it needs",
                                "sends and receives do not match in order",
-                               "the ranks deadlock"};
+                               "the ranks deadlock",
+                               "a forward-only stage (Frozen, nothing trainable before it) is given a backward"};
   return t[static_cast<int>(v)];
 }
 
@@ -69,6 +71,7 @@ struct Proof
   std::int64_t makespan = 0;                    ///< expected step time, in cost units
   std::array<std::int64_t, max_ranks> busy{};   ///< compute time per rank
   std::array<int, max_ranks> peak_in_flight{};  ///< stage micro-batches forwarded and not yet fully backwarded
+                                                ///< (a forward-only stage's keep nothing: they never count)
   std::int64_t steps = 0;      ///< computes proved, all ranks
   std::int64_t simulated = 0;  ///< of those, computes simulated one by one (the rest fast-forwarded: run tables)
 
@@ -97,9 +100,10 @@ enum : std::uint8_t { done_f = 1, done_b = 2, done_w = 4 };
 ///
 /// Channels: 2*b carries activations from stage b to b+1, 2*b+1 gradients from stage b+1 to b.
 /// The loop body calls no functions (see schedule.hpp's NOTE).
-/// `starts`, if given, receives each step's expected start time (indexed like the table's steps).
+/// `starts`, if given, receives each step's expected start time (indexed like the table's steps); `costs`,
+/// if given, replace the unit costs of the timeline (`mpx::predict`, balance.hpp).
 template <class AnyTable>
-constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr)
+constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr, const StageCosts* costs = nullptr)
 {
   using detail::buffer;
   const Layout& l = t.layout;
@@ -159,6 +163,7 @@ constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr)
           if (!(c.op == Op::F || back || c.op == Op::W)) return fail(Verdict::bad_shape, r, k, {c.op, c.stage, c.mb});
           if (s >= S || rank_of[s] != r || c.mb >= std::uint32_t(M))
             return fail(Verdict::foreign_action, r, k, {c.op, c.stage, c.mb});
+          if (c.op != Op::F && s < l.forward_only) return fail(Verdict::forward_only_backward, r, k, {c.op, c.stage, c.mb});
           std::uint8_t& st = state.p[std::size_t(s) * M + c.mb];
           const std::uint8_t mine = c.op == Op::F ? detail::done_f : c.op == Op::W ? detail::done_w : detail::done_b;
           if (st & mine) return fail(Verdict::duplicate_action, r, k, {c.op, c.stage, c.mb});
@@ -180,11 +185,11 @@ constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr)
           // ---- run it
           st |= mine;
           ++count.p[s * 4 + int(c.op)];
-          const int cost = cost_of(c.op);
+          const std::int64_t cost = costs ? costs->of(c.op, s) : cost_of(c.op);
           clock.p[r] = start + cost;
           if (starts) starts[b + k] = start;
           busy.p[r] += cost;
-          if (c.op == Op::F) ++in_flight.p[r];
+          if (c.op == Op::F && s >= l.forward_only) ++in_flight.p[r];
           if (c.op == Op::B || c.op == Op::W) --in_flight.p[r];
           if (in_flight.p[r] > peak.p[r]) peak.p[r] = in_flight.p[r];
           // ---- post the receives the table posts after it
@@ -199,7 +204,7 @@ constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr)
           progress = true;  // its receives are posted: a blocked sender may go on
         }
         // ---- its send: blocks until the receiver has posted the matching receive
-        const int sch = send_channel(c.op, s, S);
+        const int sch = send_channel(c.op, s, S, l.forward_only);
         if (sch >= 0) {
           const int idx = sent.p[sch];
           if (rposted.p[sch] <= idx) break;  // blocked until the peer posts
@@ -230,6 +235,8 @@ constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr)
   for (int s = 0; s < S; ++s) {
     const int f = count.p[s * 4], bb = count.p[s * 4 + 1], i = count.p[s * 4 + 2], w = count.p[s * 4 + 3];
     const bool full = bb == M && i == 0 && w == 0, split = bb == 0 && i == M && w == M;
+    if (s < l.forward_only && f != M) return fail(Verdict::unfinished_microbatch, l.rank_of[s], -1, {Op::F, std::uint16_t(s), std::uint32_t(f)});
+    if (s < l.forward_only) continue;  // forwards only (a backward failed above)
     if (f != M || !(full || split)) {
       const std::uint8_t whole = detail::done_f | detail::done_b | (bb == 0 ? detail::done_w : 0);
       std::uint32_t mb = 0;
@@ -264,8 +271,9 @@ constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr)
 /// are a period of the steady state: the simulation is deterministic and every comparison it makes is
 /// between quantities that moved alike, so each further period repeats it shifted. The proof adds as many
 /// whole periods as every rank's run (and its posting cursor) still holds, and steps on.
-/// `Proof::simulated` counts the computes it stepped through one by one.
-constexpr Proof prove(const RunTable& t)
+/// `Proof::simulated` counts the computes it stepped through one by one. `costs`, if given, replace the
+/// unit costs of the timeline (the fast-forward compares exact integer times, whatever they are).
+constexpr Proof prove(const RunTable& t, const StageCosts* costs = nullptr)
 {
   using detail::buffer;
   const Layout& l = t.layout;
@@ -294,25 +302,29 @@ constexpr Proof prove(const RunTable& t)
   // B-or-I, W), the counter that must be past its micro-batch, its receive and send channels (2b carries
   // activations from stage b to b+1, 2b+1 gradients from b+1 to b), its cost, and a verdict if it is
   // invalid here (0: valid)
-  buffer<int> ctr(NA), need(NA), rch(NA), sch(NA), cost(NA), bad(NA), flight(NA), full(NA);
+  buffer<int> ctr(NA), need(NA), rch(NA), sch(NA), bad(NA), flight(NA), full(NA);
+  buffer<std::int64_t> cost(NA);
   buffer<std::int64_t> lim(NA);  // M, or -1 for an invalid action (one comparison checks both)
   for (int r = 0; r < R; ++r)
     for (std::uint32_t j = rb[r]; j < rb[r + 1]; ++j)
       for (std::uint32_t i = RN[j].first; i < RN[j].first + RN[j].len; ++i) {
         const RunAction& e = A[i];
         const int s = e.stage;
-        bad.p[i] = !is_compute(e.op) ? int(Verdict::bad_shape) : (s >= S || rank_of[s] != r) ? int(Verdict::foreign_action) : 0;
+        bad.p[i] = !is_compute(e.op)                 ? int(Verdict::bad_shape)
+                   : (s >= S || rank_of[s] != r)      ? int(Verdict::foreign_action)
+                   : e.op != Op::F && !l.trains(s)    ? int(Verdict::forward_only_backward)
+                                                      : 0;
         lim.p[i] = bad.p[i] ? -1 : M;
         rch.p[i] = sch.p[i] = -1;
         if (bad.p[i]) continue;
         const int kind = e.op == Op::F ? 0 : e.op == Op::W ? 2 : 1;
         ctr.p[i] = kind * S + s;
         need.p[i] = kind == 0 ? 3 * S : (kind - 1) * S + s;  // counter 3S never limits
-        flight.p[i] = e.op == Op::F ? 1 : (e.op == Op::B || e.op == Op::W) ? -1 : 0;
+        flight.p[i] = e.op == Op::F ? (l.trains(s) ? 1 : 0) : (e.op == Op::B || e.op == Op::W) ? -1 : 0;
         full.p[i] = e.op == Op::B ? s : S;                     // nb[S] counts nothing anyone reads
         rch.p[i] = recv_channel(e.op, s, S);
-        sch.p[i] = send_channel(e.op, s, S);
-        cost.p[i] = cost_of(e.op);
+        sch.p[i] = send_channel(e.op, s, S, l.forward_only);
+        cost.p[i] = costs ? costs->of(e.op, s) : cost_of(e.op);
       }
   // ---- a run may be fast-forwarded through when it repeats, its actions are valid with every
   // repetition's micro-batch in range, and each entry's stride is the count of its (op, stage) in the
@@ -550,7 +562,7 @@ constexpr Proof prove(const RunTable& t)
   for (int s = 0; s < S; ++s) {
     const std::int64_t f = cnt.p[s], bi = cnt.p[S + s], w = cnt.p[2 * S + s], b = nb.p[s], i = bi - b;
     const bool full = b == M && i == 0 && w == 0, split = b == 0 && i == M && w == M;
-    if (f != M || !(full || split)) {
+    if (f != M || !(full || split || !l.trains(s))) {
       const Op missing = f < M ? Op::F : bi < M ? (b == 0 && i > 0 ? Op::I : Op::B) : Op::W;
       const std::int64_t mb = missing == Op::F ? f : missing == Op::W ? w : bi;
       return fail(Verdict::unfinished_microbatch, l.rank_of[s], -1, {missing, std::uint16_t(s), std::uint32_t(mb < M ? mb : M)});

@@ -72,7 +72,10 @@ namespace detail
 /// Builds a `RunTable` rank by rank in any order: `put` appends one compute (merged into the previous
 /// run when that run is one entry of the same op and stage whose micro-batches it continues), `span` a
 /// range of micro-batches of one op, `repeat` a pattern repeated `count` times. Generators call `span`
-/// and `repeat` for anything that grows with m: the constant evaluator pays for every call.
+/// and `repeat` for anything that grows with m: the constant evaluator pays for every call. The backward
+/// actions of forward-only stages (`Layout::forward_only`) are dropped on the way in, so every built-in
+/// schedule gives them forwards only: dropping computes nobody waits for keeps a table deadlock-free, and
+/// each remaining stage keeps its order (1F1B's and ZB-H1's warm-up depend on the distance to the last stage).
 struct run_builder
 {
   Layout layout;
@@ -84,6 +87,7 @@ struct run_builder
 
   constexpr void put(int r, Op op, int s, int mb)
   {
+    if (!runs_here(op, s)) return;
     auto& rr = runs[std::size_t(r)];
     auto& aa = acts[std::size_t(r)];
     if (!rr.empty() && rr.back().len == 1) {
@@ -96,13 +100,16 @@ struct run_builder
   /// Appends op on stage s for micro-batches [mb, mb + n): one run, whatever n is.
   constexpr void span(int r, Op op, int s, int mb, int n)
   {
-    if (n <= 0) return;
+    if (n <= 0 || !runs_here(op, s)) return;
     put(r, op, s, mb);
     runs[std::size_t(r)].back().count += std::uint32_t(n - 1);
   }
   /// Appends `pattern` (computes of the first repetition) repeated `count` times; nothing if count is 0.
-  constexpr void repeat(int r, const std::vector<RunAction>& pattern, int count)
+  constexpr void repeat(int r, const std::vector<RunAction>& all, int count)
   {
+    std::vector<RunAction> pattern;
+    for (const RunAction& a : all)
+      if (runs_here(a.op, a.stage)) pattern.push_back(a);
     if (count <= 0 || pattern.empty()) return;
     if (count == 1) {
       for (const RunAction& a : pattern) put(r, a.op, a.stage, int(a.mb));
@@ -112,6 +119,10 @@ struct run_builder
     runs[std::size_t(r)].push_back(Run{std::uint32_t(aa.size()), std::uint32_t(pattern.size()), std::uint32_t(count)});
     for (const RunAction& a : pattern) aa.push_back(a);
   }
+
+  /// Whether op of stage s belongs in the table: a forward-only stage's backward does not (a generator
+  /// writes the schedule as if every stage trained; what it writes for them is dropped here).
+  constexpr bool runs_here(Op op, int s) const { return op == Op::F || layout.trains(s); }
 
   /// The table, with each entry's stride set (the count of its (op, stage) in its pattern).
   constexpr RunTable finish()

@@ -4,6 +4,8 @@
 //   mpx.tests.runtime_rank <scenario> <out-dir> [kill-rank kill-step]
 #include "scenarios.hpp"
 
+#include <malloc.h>  // mallinfo2
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +26,75 @@ TORCH_MODULE(Misdeclared);
 using PMisdeclared = mpx::Pipeline<mpx::Stage<Misdeclared, mpx::CPU<0>, mpx::Layers<0, 3>>,
                                    mpx::Stage<Misdeclared, mpx::CPU<1>, mpx::Layers<3, 6>>, mpx::Microbatches<2>,
                                    mpx::Batch<tiny::Batch>>;
+
+/// What a stage keeps between its forward and its backward, measured: stage 0 is wide (each micro-batch's
+/// forward saves about 2 MiB of activations for its backward) and records the bytes in use at the start
+/// of each of its forwards; rank 0 prints "held <forward> <bytes>" under GPipe (every forward before
+/// any backward). Trained, the bytes grow by the saved activations with each forward; Frozen (forward
+/// only) they must not.
+namespace memory
+{
+/// Bytes in use: malloc's (small tensors and everything else) and the large tensors' blocks of mpx's
+/// host cache (torch/host_memory.hpp, which make_world installs).
+inline std::int64_t allocated_bytes()
+{
+  const struct mallinfo2 mi = ::mallinfo2();
+  return std::int64_t(mi.uordblks + mi.hblkhd + mpx::host_memory_stats().live_bytes);
+}
+inline std::vector<std::int64_t> held;
+
+struct WideImpl : torch::nn::Module
+{
+  using input_type = torch::Tensor;   // token ids (B, T)
+  using output_type = torch::Tensor;  // (B, T, 256)
+  WideImpl()
+      : emb(register_module("emb", torch::nn::Embedding(scenario::config.vocab, 256))),
+        up(register_module("up", torch::nn::Linear(256, 4096))), down(register_module("down", torch::nn::Linear(4096, 256)))
+  {
+  }
+  torch::Tensor forward(const torch::Tensor& tokens)
+  {
+    held.push_back(allocated_bytes());
+    return down(torch::gelu(up(emb(tokens))));
+  }
+  torch::nn::Embedding emb;
+  torch::nn::Linear up, down;
+};
+TORCH_MODULE(Wide);
+struct HeadImpl : torch::nn::Module
+{
+  using input_type = torch::Tensor;
+  using output_type = torch::Tensor;  // logits (B, T, V)
+  HeadImpl() : head(register_module("head", torch::nn::Linear(256, scenario::config.vocab))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return head(x); }
+  torch::nn::Linear head;
+};
+TORCH_MODULE(Head);
+template <class... Policies>
+using P = mpx::Pipeline<mpx::Stage<Wide, mpx::CPU<0>, Policies...>, mpx::Stage<Head, mpx::CPU<1>>, mpx::Schedule<mpx::GPipe>,
+                        mpx::Microbatches<8>, mpx::Batch<tiny::Batch>>;
+
+template <class Pipe>
+int run()
+{
+  const auto env = mpx::read_env();
+  auto world = mpx::make_world<Pipe>(env);
+  auto make = [](auto stage) {
+    if constexpr (decltype(stage)::value == 0) return Wide();
+    else return Head();
+  };
+  mpx::Trainer<Pipe, tiny::Batch> trainer(world, make, [](const tiny::Batch& b) { return b.tokens; }, tiny::loss, scenario::options());
+  for (long step = 0; step < 2; ++step) {  // the second step's numbers: the allocator has its pools by then
+    held.clear();
+    auto batch = tiny::make_batch(scenario::config, 64, step, 0, 1);  // 8 rows x 8 tokens per micro-batch
+    trainer.step(mpx::split_microbatches(batch, Pipe::num_microbatches));
+  }
+  if (env.rank == 0)
+    for (std::size_t k = 0; k < held.size(); ++k) std::printf("held %zu %lld\n", k, (long long)held[k]);
+  std::fflush(stdout);
+  return 0;
+}
+}  // namespace memory
 
 template <class P>
 int train(const std::string& out, int kill_rank, int kill_step, std::chrono::milliseconds timeout = std::chrono::seconds(30),
@@ -221,6 +292,8 @@ int run(const std::string& name, const std::string& out, int kill_rank, int kill
     return train<P2<mpx::OneFOneB>>(out, -1, -1, std::chrono::seconds(30), {{"config", "tiny"}, {"seed", seed}});
   }
   if (name == "wire") return wire();
+  if (name == "memory-trained") return memory::run<memory::P<>>();
+  if (name == "memory-frozen") return memory::run<memory::P<mpx::Frozen>>();
   if (name == "misdeclared") return train<PMisdeclared>(out, -1, -1, std::chrono::seconds(10));
   if (name == "kill") return train<P3<mpx::OneFOneB>>(out, kill_rank, kill_step, std::chrono::seconds(10));
   if (name == "kill-tp") return train<PTp2Pp2<tiny_tp::Model>>(out, kill_rank, kill_step, std::chrono::seconds(10));

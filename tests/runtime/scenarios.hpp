@@ -47,6 +47,14 @@ template <class Sched>
 using P2Blocks = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 3>, mpx::CheckpointBlocks>,
                                Stage<Model, CPU<1>, Layers<3, 6>, mpx::CheckpointBlocks>, Schedule<Sched>, Microbatches<4>,
                                mpx::Batch<tiny::Batch>>;
+/// Stage 0 Frozen: nothing before it trains, so it runs forward only (no backward, no gradient message);
+/// `Extra` policies go on both stages (checkpointing).
+template <class Sched, class... Extra>
+using P2Frozen = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 3>, mpx::Frozen, Extra...>, Stage<Model, CPU<1>, Layers<3, 6>, Extra...>,
+                               Schedule<Sched>, Microbatches<4>, mpx::Batch<tiny::Batch>>;
+/// The middle stage Frozen after a trainable one: it runs its backward (stage 0's gradient flows through it).
+using P3FrozenMiddle = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 2>>, Stage<Model, CPU<1>, Layers<2, 4>, mpx::Frozen>,
+                                     Stage<Model, CPU<2>, Layers<4, 6>>, Microbatches<4>, mpx::Batch<tiny::Batch>>;
 /// Interleaved: 2 slots x 2 chunks.
 using P2x2 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 1>>, Stage<Model, CPU<1>, Layers<1, 3>>,
                            Stage<Model, CPU<0>, Layers<3, 4>>, Stage<Model, CPU<1>, Layers<4, 6>>,
@@ -86,6 +94,7 @@ struct Spec
   std::vector<std::pair<int, int>> ranges;
   bool bf16 = false;  ///< the stages run under bf16 autocast (the reference too)
   bool sgd = false;   ///< the stages train with SGD (else AdamW)
+  std::vector<bool> frozen;  ///< per stage: Frozen (the reference does not train it either)
 };
 
 template <class P>
@@ -114,6 +123,13 @@ bool visit(const std::string& name, F&& f)
   if (is("p3x2-interleaved")) return f(type<P3x2>{}, 1), true;
   if (is("dp2-p2-1f1b")) return f(type<P2<OneFOneB>>{}, 2), true;
   if (is("dp2-p2-zbh1")) return f(type<P2<ZBH1>>{}, 2), true;
+  if (is("p2-frozen-gpipe")) return f(type<P2Frozen<GPipe>>{}, 1), true;
+  if (is("p2-frozen-1f1b")) return f(type<P2Frozen<OneFOneB>>{}, 1), true;
+  if (is("p2-frozen-zbh1")) return f(type<P2Frozen<ZBH1>>{}, 1), true;
+  if (is("p2-frozen-1f1b-checkpointed")) return f(type<P2Frozen<OneFOneB, mpx::Checkpointed>>{}, 1), true;
+  if (is("dp2-p2-frozen-1f1b")) return f(type<P2Frozen<OneFOneB>>{}, 2), true;
+  if (is("dp2-p2-frozen-zbh1")) return f(type<P2Frozen<ZBH1>>{}, 2), true;
+  if (is("p3-frozen-middle-1f1b")) return f(type<P3FrozenMiddle>{}, 1), true;
   if (is("p2-bf16-wire")) return f(type<P2Bf16>{}, 1), true;
   if (is("p2-1f1b-checkpointed")) return f(type<P2Ckpt<OneFOneB>>{}, 1), true;
   if (is("p2-zbh1-checkpointed")) return f(type<P2Ckpt<ZBH1>>{}, 1), true;
@@ -142,6 +158,7 @@ inline Spec spec(const std::string& name)
     s.microbatches = P::num_microbatches;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (s.ranges.emplace_back(P::template stage<int(I)>::layer_begin, P::template stage<int(I)>::layer_end), ...);
+      (s.frozen.push_back(P::template stage<int(I)>::frozen), ...);
     }(std::make_index_sequence<std::size_t(P::num_stages)>{});
     s.bf16 = std::is_same_v<typename P::template stage<0>::precision, mpx::BF16>;
     s.sgd = std::is_same_v<typename P::template stage<0>::optimizer, mpx::SGD>;

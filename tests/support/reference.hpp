@@ -40,7 +40,8 @@ inline ReferenceRun train_reference(std::vector<tiny::Model>& stages, std::vecto
   ReferenceRun run;
   std::vector<at::Tensor> params;
   for (auto& st : stages)
-    for (auto& p : st->parameters()) params.push_back(p);
+    for (auto& p : st->parameters())
+      if (p.requires_grad()) params.push_back(p);  // a frozen stage's get no gradient, not even a zero one
   for (long step = 0; step < o.steps; ++step) {
     // The gradient of the global batch's mean loss, summed replica slice by replica slice (the sum the
     // data-parallel all-reduce forms; with AdamW a different summation order would move the parameters

@@ -1,7 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests for examples/moondream/image.hpp: the tiling table of moondream-spec.md §6.2, crops, patches, stitching.
+// Tests for examples/moondream/image.hpp: the tiling table of moondream-spec.md §6.2, crops, patches, stitching,
+// Lanczos resampling against Pillow's, normalisation in bf16.
 #include "../../../tests/support/catch_torch.hpp"
 #include "../image.hpp"
+
+#include <unistd.h>  // getpid
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 TEST_CASE("Tiling table of the spec", "[moondream][image]")
 {
@@ -39,9 +46,13 @@ TEST_CASE("Crops: the global one first, local windows tile the resized image row
 
 TEST_CASE("Normalisation to [-1, 1] and the patch layout", "[moondream][image]")
 {
-  auto x = moondream::normalize(torch::tensor({0, 255}, torch::kByte));
+  auto x = moondream::normalize(torch::tensor({0, 255, 128}, torch::kByte));
   CHECK(x[0].item<float>() == -1.0f);
   CHECK(x[1].item<float>() == 1.0f);
+  // in bf16, as the reference: 128 / 255 rounds to 0.5019..., - 0.5, / 0.5 -> bf16's nearest of 0.0039
+  const auto bf = [](double v) { return torch::tensor(v, torch::kBFloat16); };
+  CHECK(x[2].item<float>() == ((bf(128) / 255.0 - 0.5) / 0.5).item<float>());
+  CHECK(x.scalar_type() == torch::kFloat);
   auto img = torch::arange(3 * 378 * 378, torch::kFloat).view({1, 3, 378, 378});
   auto p = moondream::patchify(img);
   CHECK(p.sizes() == torch::IntArrayRef({1, 729, 588}));
@@ -68,4 +79,48 @@ TEST_CASE("Stitching gives a seamless mosaic", "[moondream][image]")
   CHECK(torch::equal(s.select(2, 0), ys));
   CHECK(torch::equal(s.select(2, 1), xs));
   CHECK(moondream::pool_tokens(s).sizes() == torch::IntArrayRef({729, 2}));
+}
+
+namespace
+{
+/// Pillow's resizes of generated images (tests/lanczos_reference.py, run now: the test's set-up).
+struct LanczosCase
+{
+  int H, W, h, w;
+  at::Tensor in_HWC, want_HWC;
+};
+std::vector<LanczosCase> pillow_reference()
+{
+  const std::string out = (std::filesystem::temp_directory_path() / ("moondream_lanczos_" + std::to_string(::getpid()) + ".bin")).string();
+  const std::string cmd = MOONDREAM_PYTHON3 " " MOONDREAM_TESTS_DIR "/lanczos_reference.py " + out;
+  if (std::system(cmd.c_str()) != 0)
+    FAIL("the Pillow reference could not be made (" << cmd << "): install python3-pil (scripts/install-deps.sh does)");
+  std::ifstream f(out, std::ios::binary);
+  std::vector<LanczosCase> cases;
+  std::int32_t dims[4];
+  while (f.read(reinterpret_cast<char*>(dims), sizeof dims)) {
+    LanczosCase c{dims[0], dims[1], dims[2], dims[3], torch::empty({dims[0], dims[1], 3}, torch::kByte), torch::empty({dims[2], dims[3], 3}, torch::kByte)};
+    f.read(reinterpret_cast<char*>(c.in_HWC.data_ptr<std::uint8_t>()), c.in_HWC.numel());
+    f.read(reinterpret_cast<char*>(c.want_HWC.data_ptr<std::uint8_t>()), c.want_HWC.numel());
+    cases.push_back(std::move(c));
+  }
+  std::filesystem::remove(out);
+  return cases;
+}
+}  // namespace
+
+TEST_CASE("Crops are resampled with Lanczos as Pillow does: every pixel within one grey level of Pillow's", "[moondream][image][lanczos]")
+{
+  const auto cases = pillow_reference();
+  REQUIRE(cases.size() == 5);
+  for (const auto& c : cases) {
+    CAPTURE(c.H, c.W, c.h, c.w);
+    const auto got = moondream::detail::resize(c.in_HWC.permute({2, 0, 1}), c.h, c.w).permute({1, 2, 0});
+    const auto diff = (got.to(torch::kInt) - c.want_HWC.to(torch::kInt)).abs();
+    const int worst = diff.max().item<int>();
+    const double exact = (diff == 0).to(torch::kDouble).mean().item<double>();
+    CAPTURE(worst, exact);
+    CHECK(worst <= 1);
+    CHECK(exact > 0.999);  // the same fixed-point arithmetic: all but a few pixels identical
+  }
 }

@@ -3,6 +3,8 @@
 # when MASTER_PORT is unset) and bounded time:
 #   parity2 | parity4: 10 steps of the 2-/4-stage pipeline match one process (plain LibTorch), loss
 #                      within 1e-5 relative every step, and every weight at the end within 1e-4
+#   frozen:   with --freeze-vision on the vision stage runs forward only (its rank's table has no backward);
+#             layouts 2 (1F1B, ZB-H1) and 4 match one process with the encoder frozen, and vision is unchanged
 #   dp:       2 replicas x 2 stages match one process computing the same global batch
 #   tp:       vision | text split over 2 ranks (tensor parallel, 3 ranks) matches one process for 10 steps,
 #             and so do 2 replicas of it (6 ranks); its exported model is whole (moondream_query reads it);
@@ -95,6 +97,19 @@ case $check in
         compare "$work/single.jsonl" "$work/$s.jsonl"
       done
     fi
+    ;;
+  frozen)
+    "$train" "${small[@]}" --freeze-vision on --layout 1 --steps 6 --save "$work/single" --metrics "$work/single.jsonl"
+    for run in "2 1f1b" "2 zbh1" "4 1f1b"; do
+      set -- $run
+      "$train" "${small[@]}" --freeze-vision on --layout "$1" --schedule "$2" --steps 6 --save "$work/p$1$2" --metrics "$work/p$1$2.jsonl" \
+        | tee "$work/p$1$2.log"
+      grep -q "forward only: stage 0" "$work/p$1$2.log"
+      grep -E "^(\[rank 0\] )?rank 0  \|F0\|" "$work/p$1$2.log"                 # the vision rank's timeline ...
+      ! grep -E "^(\[rank 0\] )?rank 0  \|.*\|(B|I|W)[0-9]" "$work/p$1$2.log"    # ... has forwards only
+      compare "$work/single.jsonl" "$work/p$1$2.jsonl"
+      weights "$work/single/model" "$work/p$1$2/model"
+    done
     ;;
   dp)
     "$train" "${small[@]}" --layout 1 --emulate-replicas 2 --steps 6 --metrics "$work/single.jsonl"

@@ -86,11 +86,26 @@ class BoundaryLinks
   /// names it in errors.
   void send(int dst, int channel, int stage, int mb, bool gradient, const std::vector<at::Tensor>& ts, at::ScalarType wire, const std::string& what)
   {
+    release_completed_sends();
     for (int lane : send_lanes(dst))
       guarded([&] {
         sends_.push_back(send_tensors(lanes_[std::size_t(lane)], dst, channel, stage, mb, gradient, ts, wire, what, comm_,
                                       packing() ? &sent_[{lane, dst, channel}] : nullptr));
       });
+  }
+
+  /// Lets go of the sends that have completed without error, oldest first: their buffers (a stage's
+  /// output, which a forward-only stage keeps no other way) are freed as soon as the peer has them. A
+  /// failed one stays, for `finish_sends` to report.
+  void release_completed_sends()
+  {
+    std::size_t done = 0;
+    for (; done < sends_.size(); ++done) {
+      bool complete = true;
+      for (auto& wk : sends_[done].works) complete = complete && wk->isCompleted() && !wk->exception();
+      if (!complete) break;
+    }
+    sends_.erase(sends_.begin(), sends_.begin() + std::ptrdiff_t(done));
   }
 
   /// Waits until every send started since the last call has completed.

@@ -8,7 +8,9 @@
 /// caller gives the loss's gradient seed, hears through `last_backward(s)` that stage s's last backward
 /// of the step that computes parameter gradients (B; W, or I when it does not split) is about to run and
 /// through `stage_done(s)` that it is
-/// done (data parallelism's buckets start in between, as the gradients become final). A failure is reported where it
+/// done (data parallelism's buckets start in between, as the gradients become final). A forward-only stage
+/// (`Layout::forward_only`) runs its forwards with autograd off and drops its inputs and outputs once sent:
+/// it keeps nothing between steps' actions. A failure is reported where it
 /// happened: a `peer_error` for what came from the wire, a `stage_error` for the stage's own code, both
 /// naming rank, step, action and, for a peer error, the peer.
 
@@ -142,7 +144,10 @@ class Executor
       case Op::RecvF: st.recv_f = post(a, k); break;
       case Op::RecvB: st.recv_b = post(a, k); break;
       case Op::F: forward(a, st, b, loss_sum); break;
-      case Op::SendF: send(a, k, st.outputs); break;
+      case Op::SendF:
+        send(a, k, st.outputs);
+        if (!P::layout.trains(s)) st.outputs.clear();  // forward only: nothing waits for a backward
+        break;
       case Op::B:
         whole_backward(st, a);
         done(s, stage_done);
@@ -169,7 +174,7 @@ class Executor
         st.input_grads.clear();
         break;
     }
-    if ((a.op == Op::B || a.op == Op::W) && s == 0) st.inputs.clear();
+    if ((a.op == Op::B || a.op == Op::W) && !P::layout.sends_backward(Op::B, s)) st.inputs.clear(), st.input_grads.clear();  // no SendB
   }
 
   void forward(Action a, MicroState& st, const Batch& b, at::Tensor& loss_sum)
@@ -186,18 +191,21 @@ class Executor
           x = x.to(w_.device).detach().requires_grad_(g);
         }
     }
-    torch::AutoGradMode enable(true);
+    const bool trains = P::layout.trains(s);  // else forward only: no graph, nothing kept for a backward
+    torch::AutoGradMode enable(trains);
     std::vector<at::Tensor> bounds;  // under a split backward: the blocks' boundaries, for the W pass
     {
-      BlockBoundaries capture(split_ ? &bounds : nullptr);
+      BlockBoundaries capture(split_ && trains ? &bounds : nullptr);
       inject_fault(FaultPoint::forward, w_.env.rank, step_);  // MPX_FAULT=exception:<rank>:<step> (tests)
       st.outputs = stages_.forward(s, st.inputs, b);
     }
     st.bounds = detail::usable_boundaries(bounds, st.outputs);
+    if (!trains) st.inputs.clear();
     if (s == N - 1) {
       st.loss = loss_(detail::unflatten<Output>(st.outputs), b) / double(M);
       // in double, as the host sum was: the same loss on every device and in every test
       loss_sum = loss_sum.defined() ? loss_sum + st.loss.detach().to(at::kDouble) : st.loss.detach().to(at::kDouble);
+      if (!trains) st.outputs.clear(), st.loss = at::Tensor();  // every stage frozen: an evaluation
     }
   }
 

@@ -290,6 +290,7 @@ class StageSet
       else if constexpr (requires { m.forward(x, b); }) return detail::flatten(m.forward(x, b));
       else return detail::flatten(m.forward(x));
     };
+    if (!P::layout.trains(I)) return run(in);  // forward only (under no-grad): nothing to recompute
     if (S::checkpointed || checkpoint_all_) return checkpoint(run, in, trainable(I));
     return run(in);
   }

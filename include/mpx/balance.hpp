@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file balance.hpp
+/// The cost model and the balancer. A layer's cost per micro-batch is a `LayerCost` (forward, backward:
+/// FLOPs, microseconds, any integer unit shared by all layers), declared by a module as
+/// `static constexpr std::array<mpx::LayerCost, N> layer_costs` or measured (runtime/profile.hpp).
+/// `predict<Schedule>(layout, costs)` runs the schedule's proof with those costs instead of the unit costs:
+/// the predicted step, each slot's busy time and the bubble. `balance<Schedule>(layers, slots, m)` cuts
+/// the layers into `slots` contiguous ranges that minimise the predicted step:
+///
+/// ```
+/// constexpr auto cut = mpx::balance<mpx::OneFOneB>(Toy::layer_costs, 3, 8);
+/// using P = mpx::Pipeline<mpx::Stage<Toy, mpx::CPU<0>, mpx::Layers<cut[0], cut[1]>>,
+///                         mpx::Stage<Toy, mpx::CPU<1>, mpx::Layers<cut[1], cut[2]>>,
+///                         mpx::Stage<Toy, mpx::CPU<2>, mpx::Layers<cut[2], cut[3]>>, mpx::Microbatches<8>>;
+/// ```
+///
+/// How: first the ranges that minimise the largest stage cost (forward + backward; the leading frozen
+/// layers' forward only), exactly, by dynamic programming over the cut points (O(slots · L²));
+/// then each cut moves by one layer while the predicted step (the proof's timeline) gets shorter. The
+/// bottleneck is what a pipeline's steady state runs at; the timeline adds warm-up and drain, which
+/// favour a lighter first and last stage. `tests/balance.test.cpp` checks the result against every
+/// possible cut for small pipelines.
+
+#include <mpx/action.hpp>    // mpx::Layout, mpx::StageCosts, mpx::LayerCost
+#include <mpx/proof.hpp>     // mpx::prove
+#include <mpx/schedule.hpp>  // mpx::OneFOneB, mpx::RunSchedule
+
+#include <array>    // std::array
+#include <cstdint>  // std::int64_t
+#include <span>     // std::span
+
+namespace mpx
+{
+
+/// The most slots the balancer cuts for.
+inline constexpr int max_balance_slots = 64;
+
+/// Cut points of a balanced pipeline: slot k holds layers [cut[k], cut[k + 1]); cut[0] = 0, cut[slots] = L.
+using Cuts = std::array<int, max_balance_slots + 1>;
+
+/// The costs of each stage of a cut: the sums of its layers'. The first `frozen_layers` layers are frozen
+/// with nothing trainable before them: no backward ever runs through them, wherever they sit, so their
+/// backward is not counted (and a stage made of them alone runs forward only).
+constexpr StageCosts stage_costs(std::span<const LayerCost> layers, const Cuts& cut, int slots, int frozen_layers = 0)
+{
+  StageCosts c;
+  for (int k = 0; k < slots; ++k)
+    for (int i = cut[std::size_t(k)]; i < cut[std::size_t(k) + 1]; ++i) {
+      c.forward[std::size_t(k)] += layers[std::size_t(i)].forward;
+      if (i >= frozen_layers) c.backward[std::size_t(k)] += layers[std::size_t(i)].backward;
+    }
+  c.split_evenly(slots);
+  return c;
+}
+
+/// The layout of a one-stage-per-slot pipeline cut at `cut`: its forward-only stages are those wholly
+/// inside the leading frozen layers.
+constexpr Layout cut_layout(const Cuts& cut, int slots, int microbatches, int frozen_layers = 0)
+{
+  Layout l = Layout::looped(slots, slots, microbatches);
+  while (l.forward_only < slots && cut[std::size_t(l.forward_only) + 1] <= frozen_layers) ++l.forward_only;
+  return l;
+}
+
+/// The proof of schedule Tag on `l` under `costs`: `makespan` is the predicted step, `busy[r]` each
+/// slot's compute, `bubble()` the predicted idle fraction.
+template <class Tag>
+constexpr Proof predict(const Layout& l, const StageCosts& costs)
+{
+  if constexpr (RunSchedule<Tag>) return prove(Tag::runs(l), &costs);
+  else return prove(Tag::table(l), nullptr, &costs);
+}
+
+namespace detail
+{
+/// The cut minimising the largest stage cost (ties: the earliest cut), exactly.
+constexpr Cuts bottleneck_cut(std::span<const LayerCost> layers, int slots, int frozen_layers)
+{
+  const int L = int(layers.size());
+  buffer<std::int64_t> f(std::size_t(L) + 1), b(std::size_t(L) + 1);  // prefix sums
+  for (int i = 0; i < L; ++i) {
+    f[std::size_t(i) + 1] = f[std::size_t(i)] + layers[std::size_t(i)].forward;
+    b[std::size_t(i) + 1] = b[std::size_t(i)] + (i < frozen_layers ? 0 : layers[std::size_t(i)].backward);  // as stage_costs
+  }
+  auto cost = [&](int i, int j) { return f[std::size_t(j)] - f[std::size_t(i)] + b[std::size_t(j)] - b[std::size_t(i)]; };
+  // best[k][j]: the least largest cost of cutting layers [0, j) into k stages (each non-empty)
+  constexpr std::int64_t inf = std::int64_t(1) << 62;
+  buffer<std::int64_t> best(std::size_t(slots + 1) * std::size_t(L + 1));
+  buffer<int> from(std::size_t(slots + 1) * std::size_t(L + 1));
+  auto at = [&](int k, int j) { return std::size_t(k) * std::size_t(L + 1) + std::size_t(j); };
+  for (std::size_t x = 0; x < best.size(); ++x) best[x] = inf;
+  best[at(0, 0)] = 0;
+  for (int k = 1; k <= slots; ++k)
+    for (int j = k; j <= L - (slots - k); ++j)
+      for (int i = k - 1; i < j; ++i) {
+        if (best[at(k - 1, i)] == inf) continue;
+        const std::int64_t c = cost(i, j);
+        const std::int64_t worst = c > best[at(k - 1, i)] ? c : best[at(k - 1, i)];
+        if (worst < best[at(k, j)]) best[at(k, j)] = worst, from[at(k, j)] = i;
+      }
+  Cuts cut{};
+  cut[std::size_t(slots)] = L;
+  for (int k = slots, j = L; k > 0; --k) j = cut[std::size_t(k) - 1] = from[at(k, j)];
+  return cut;
+}
+}  // namespace detail
+
+/// The cut of `layers` into `slots` contiguous non-empty ranges whose predicted step under schedule Tag
+/// with m micro-batches is shortest (see the file comment). Needs slots <= layers.size().
+template <class Tag = OneFOneB>
+constexpr Cuts balance(std::span<const LayerCost> layers, int slots, int microbatches, int frozen_layers = 0)
+{
+  const int L = int(layers.size());
+  if (slots < 1 || slots > max_balance_slots || slots > L) return Cuts{};  // cut[slots] == 0: no cut
+  Cuts cut = detail::bottleneck_cut(layers, slots, frozen_layers);
+  auto step = [&](const Cuts& c) { return predict<Tag>(cut_layout(c, slots, microbatches, frozen_layers), stage_costs(layers, c, slots, frozen_layers)).makespan; };
+  std::int64_t now = step(cut);
+  for (bool better = true; better;) {
+    better = false;
+    for (int k = 1; k < slots; ++k)
+      for (int d : {-1, +1}) {
+        Cuts c = cut;
+        c[std::size_t(k)] += d;
+        if (c[std::size_t(k)] <= c[std::size_t(k) - 1] || c[std::size_t(k)] >= c[std::size_t(k) + 1]) continue;
+        if (const std::int64_t t = step(c); t < now) cut = c, now = t, better = true;
+      }
+  }
+  return cut;
+}
+template <class Tag = OneFOneB, std::size_t N>
+constexpr Cuts balance(const std::array<LayerCost, N>& layers, int slots, int microbatches, int frozen_layers = 0)
+{
+  return balance<Tag>(std::span<const LayerCost>(layers.data(), N), slots, microbatches, frozen_layers);
+}
+
+}  // namespace mpx
