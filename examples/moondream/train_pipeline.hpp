@@ -124,6 +124,7 @@ int train_pipeline(const Options& o)
       }(std::make_index_sequence<P::num_stages>{});
     store_barrier(world, "export/" + dir, wo.timeout);
   };
+  std::vector<std::string> accuracy;  // the plot's notes (lead only)
   auto eval = [&](const char* when) {
     if (!data.eval || o.eval_samples <= 0) return;
     const std::string dir = scratch + "/model";
@@ -131,7 +132,8 @@ int train_pipeline(const Options& o)
     if (lead) {
       Moondream full(c);
       assign(read_weights(dir, c), full->named_weights());
-      std::cout << "held-out accuracy " << when << ": " << describe(evaluate(full, *data.eval, tok, o.eval_samples)) << "\n" << std::flush;
+      accuracy.push_back(std::string("held-out accuracy ") + when + ": " + describe(evaluate(full, *data.eval, tok, o.eval_samples)));
+      std::cout << accuracy.back() << "\n" << std::flush;
     }
     store_barrier(world, std::string("eval/") + when + std::to_string(trainer.steps_done()), std::chrono::hours(2));
   };
@@ -179,7 +181,7 @@ int train_pipeline(const Options& o)
   eval("after training");
   if (lead) {
     const std::string plot = !o.plot.empty() ? o.plot : save.empty() ? "" : save + "/loss.svg";
-    write_plot(plot, prog.losses, start);
+    write_plot(plot, prog.losses, start, accuracy);
     if (!plot.empty()) std::cout << "loss curve: " << plot << (metrics.empty() ? "" : ", metrics: " + metrics) << "\n";
   }
   return 0;

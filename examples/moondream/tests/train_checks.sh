@@ -315,6 +315,9 @@ PY
     "$train" --steps 40 --eval-samples 40 --save "$work/run" --log-every 10 | tee "$work/log"
     grep -q "held-out accuracy after training" "$work/log"
     test -s "$work/run/metrics.jsonl" && test -s "$work/run/loss.svg" && test -f "$work/run/checkpoint/latest"
+    # the plot: labelled axes and the held-out accuracy under it
+    grep -q ">optimizer step<" "$work/run/loss.svg" && grep -q ">training loss (answer tokens, cross-entropy)<" "$work/run/loss.svg"
+    grep -q ">held-out accuracy before training: " "$work/run/loss.svg" && grep -q ">held-out accuracy after training: " "$work/run/loss.svg"
     "$query" --weights "$work/run/model" --generated 0 -q "What color is the shape?" -q "How many shapes are there?" | tee "$work/query"
     grep -q "^A:" "$work/query"
     echo "moondream demo: ok"
