@@ -90,6 +90,9 @@ int main(int argc, char** argv)
     if (const int status = mpx::relaunch_self(nproc, argc, argv, o.max_restarts); status >= 0) return status;
     if (!o.train_vision() && o.vision_forward_only == "on" && o.tp == 1 && o.vision_tp == 1)
       return moondream::train_frozen_vision(o);  // the vision stage is mpx::Frozen: forward only
+    if (!o.train_vision() && o.vision_forward_only == "on" && mpx::read_env().rank == 0)  // tensor-parallel layouts have no Frozen type
+      std::clog << "moondream_train: with --tp/--vision-tp above 1 the frozen vision stage is not forward only yet: its parameters are "
+                   "frozen but it still runs a backward per micro-batch (use --tp 1 --vision-tp 1 for a forward-only vision stage)\n";
     if (o.layout == "4") return moondream::train_four_stage(o);
     if (o.vision_tp > 1) return moondream::train_two_stage_vision_tp(o);
     return o.tp > 1 ? moondream::train_two_stage_tp(o) : moondream::train_two_stage(o);
