@@ -109,6 +109,13 @@ TEST_CASE("The balancer finds the shortest predicted step of every possible cut"
   }
 }
 
+TEST_CASE("The naive cut splits by layer count, the longer ranges first", "[balance][static]")
+{
+  STATIC_REQUIRE(even_cut(8, 4) == Cuts{0, 2, 4, 6, 8});
+  STATIC_REQUIRE(even_cut(7, 3) == Cuts{0, 3, 5, 7});
+  STATIC_REQUIRE(even_cut(3, 4)[4] == 0);  // more slots than layers: no cut
+}
+
 TEST_CASE("With a frozen encoder in front the balancer gives its slot text layers too, and a forward-only encoder slot when that is best", "[balance][frozen]")
 {
   // 4 frozen vision layers (forward 3 each), 8 text layers (6 + 12): the naive vision | text x 3 split

@@ -27,6 +27,7 @@
 #include <mpx/tp.hpp>                    // mpx::tp::ColumnLinear, RowLinear, vocab_embedding, cross_entropy
 #include <torch/torch.h>                 // torch::nn
 
+#include <algorithm>  // std::none_of
 #include <cmath>   // std::sqrt, std::pow
 #include <map>     // std::map
 #include <string>  // std::string
@@ -155,16 +156,27 @@ struct VisionImpl : torch::nn::Module
   static constexpr std::string_view name = "moondream::Vision";
   static constexpr bool tp_blocks = true;  // written with mpx::tp blocks; its sizes are run-time config, checked when built
 
-  explicit VisionImpl(const Config& c)
-      : cfg((check_splits(c.vision, mpx::tp::current()->size), c.vision)),
-        patch_emb(register_module("patch_emb", torch::nn::Linear(c.vision.patch_features(), c.vision.enc_dim))),
-        pos_emb(register_parameter("pos_emb", torch::randn({1, c.vision.tokens(), c.vision.enc_dim}) * 0.02)),
-        post_ln(register_module("post_ln", detail::layer_norm(c.vision.enc_dim))),
-        proj_mlp(register_module("proj_mlp", Mlp(2 * c.vision.enc_dim, c.vision.proj_inner_dim, c.vision.proj_out_dim)))
+  explicit VisionImpl(const Config& c) : VisionImpl(c, 0, c.vision.enc_n_layers) {}
+  /// Blocks [begin, end) only (a balanced layout's piece of the encoder, costs.hpp): the first range also
+  /// embeds the patches, the last also normalises, stitches and projects.
+  VisionImpl(const Config& c, int begin_layer, int end_layer)
+      : cfg((check_splits(c.vision, mpx::tp::current()->size), c.vision)), begin(begin_layer), end(end_layer)
   {
-    for (int i = 0; i < c.vision.enc_n_layers; ++i) blocks->push_back(VisionBlock(c.vision));
+    TORCH_CHECK(0 <= begin && begin < end && end <= c.vision.enc_n_layers, "moondream::Vision: layer range [", begin, ", ", end,
+                ") is not inside [0, ", c.vision.enc_n_layers, ")");
+    if (first()) {
+      patch_emb = register_module("patch_emb", torch::nn::Linear(c.vision.patch_features(), c.vision.enc_dim));
+      pos_emb = register_parameter("pos_emb", torch::randn({1, c.vision.tokens(), c.vision.enc_dim}) * 0.02);
+    }
+    for (int i = begin; i < end; ++i) blocks->push_back(VisionBlock(c.vision));
     register_module("blocks", blocks);
+    if (last()) {
+      post_ln = register_module("post_ln", detail::layer_norm(c.vision.enc_dim));
+      proj_mlp = register_module("proj_mlp", Mlp(2 * c.vision.enc_dim, c.vision.proj_inner_dim, c.vision.proj_out_dim));
+    }
   }
+  bool first() const { return begin == 0; }
+  bool last() const { return end == cfg.enc_n_layers; }
 
   /// A tensor-parallel degree must divide every split size of the vision config: heads, MLP widths (a
   /// run-time check: the sizes come from the JSON config).
@@ -181,57 +193,77 @@ struct VisionImpl : torch::nn::Module
     need(v.proj_inner_dim, "the projection's width proj_inner_dim");
   }
 
-  /// Features of a stack of crops: (N, C, S, S) → (N, P, E).
-  torch::Tensor encode(const torch::Tensor& crops_NCSS)
+  /// Features of a stack of crops: (N, C, S, S) → (N, P, E) (from the patches in the first range; a later
+  /// range continues from the previous range's features).
+  torch::Tensor encode(const torch::Tensor& in)
   {
-    auto x = patch_emb(patchify(crops_NCSS, cfg)) + pos_emb;
+    auto x = first() ? patch_emb(patchify(in, cfg)) + pos_emb : in;
     for (auto& b : *blocks) {  // each block checkpointable (mpx::CheckpointBlocks / --checkpoint blocks)
       auto* blk = b->as<VisionBlockImpl>();
       x = mpx::checkpoint_block(*blk, [blk](const torch::Tensor& t) { return blk->forward(t); }, x);
     }
-    return post_ln(x);
+    return last() ? post_ln(x) : x;
   }
 
   /// Image embeddings of a batch: each sample's global crop features next to its stitched and pooled
-  /// local crops' features, projected to the text width.
-  torch::Tensor forward(const torch::Tensor& crops_BNCSS, const Batch& b)
+  /// local crops' features, projected to the text width. A range of blocks takes the used crops (first
+  /// range) or their features, and hands on the features (N, P, E) until the last range stitches them.
+  torch::Tensor forward(const torch::Tensor& in, const Batch& b)
   {
-    const auto B = crops_BNCSS.size(0);
-    const int G = cfg.grid();
-    auto tiling = b.tiling.to(torch::kCPU);
+    const auto tiling = tilings(b);
+    auto f = encode(first() ? used_crops(in, tiling) : in);  // all crops of the batch at once
+    return last() ? project(f, tiling) : f;
+  }
+
+  /// Each sample's (rows, cols).
+  static std::vector<std::pair<int, int>> tilings(const Batch& b)
+  {
+    auto t = b.tiling.to(torch::kCPU);
+    std::vector<std::pair<int, int>> out;
+    for (int64_t i = 0; i < t.size(0); ++i) out.emplace_back(int(t[i][0].item<int64_t>()), int(t[i][1].item<int64_t>()));
+    return out;
+  }
+  /// The crops each sample uses (its global crop and rows x cols local ones), concatenated: (N, C, S, S).
+  static torch::Tensor used_crops(const torch::Tensor& crops_BNCSS, const std::vector<std::pair<int, int>>& tiling)
+  {
     std::vector<torch::Tensor> used;
-    std::vector<int> rows(B), cols(B);
-    for (int64_t i = 0; i < B; ++i) {
-      rows[i] = int(tiling[i][0].item<int64_t>()), cols[i] = int(tiling[i][1].item<int64_t>());
-      const int n = 1 + rows[i] * cols[i];
-      TORCH_CHECK(n <= crops_BNCSS.size(1), "moondream::Vision: sample ", i, " has tiling ", rows[i], "x", cols[i], " but only ",
+    for (std::size_t i = 0; i < tiling.size(); ++i) {
+      const auto [rows, cols] = tiling[i];
+      const int n = 1 + rows * cols;
+      TORCH_CHECK(n <= crops_BNCSS.size(1), "moondream::Vision: sample ", i, " has tiling ", rows, "x", cols, " but only ",
                   crops_BNCSS.size(1), " crops");
-      used.push_back(crops_BNCSS[i].narrow(0, 0, n));
+      used.push_back(crops_BNCSS[int64_t(i)].narrow(0, 0, n));
     }
-    auto f = encode(torch::cat(used));  // all crops of the batch at once
+    return torch::cat(used);
+  }
+  /// (N, P, E) features → (B, P, D) image embeddings.
+  torch::Tensor project(const torch::Tensor& f, const std::vector<std::pair<int, int>>& tiling)
+  {
+    const int G = cfg.grid();
     std::vector<torch::Tensor> tokens;
     int64_t off = 0;
-    for (int64_t i = 0; i < B; ++i) {
-      const int n = 1 + rows[i] * cols[i];
+    for (const auto& [rows, cols] : tiling) {
+      const int n = 1 + rows * cols;
       auto global = f[off];
       auto local = f.narrow(0, off + 1, n - 1).reshape({n - 1, G, G, -1});
-      tokens.push_back(torch::cat({global, pool_tokens(reconstruct(local, rows[i], cols[i], cfg), cfg)}, -1));  // (P, 2E)
+      tokens.push_back(torch::cat({global, pool_tokens(reconstruct(local, rows, cols, cfg), cfg)}, -1));  // (P, 2E)
       off += n;
     }
     return proj_mlp(torch::stack(tokens));  // (B, P, D)
   }
 
   /// Parameters under their global names (`vision.…`): this rank's shards of split ones.
-  std::map<std::string, torch::Tensor> named_weights() { return detail::named_weights(*this, "vision.", 0); }
-  std::map<std::string, mpx::tp::Split> named_splits() const { return detail::named_splits(*this, "vision.", 0); }
+  std::map<std::string, torch::Tensor> named_weights() { return detail::named_weights(*this, "vision.", begin); }
+  std::map<std::string, mpx::tp::Split> named_splits() const { return detail::named_splits(*this, "vision.", begin); }
 
   VisionConfig cfg;
+  int begin, end;
   mpx::tp::GroupPtr tp_group = mpx::tp::current();  ///< the group its split parameters are split over
-  torch::nn::Linear patch_emb;
+  torch::nn::Linear patch_emb{nullptr};
   torch::Tensor pos_emb;
   torch::nn::ModuleList blocks;
-  torch::nn::LayerNorm post_ln;
-  Mlp proj_mlp;
+  torch::nn::LayerNorm post_ln{nullptr};
+  Mlp proj_mlp{nullptr};
 };
 TORCH_MODULE(Vision);
 
@@ -427,6 +459,61 @@ struct TextImpl : torch::nn::Module, mpx::tp::SplitModule
   mpx::tp::ColumnLinear lm_head{nullptr};
 };
 TORCH_MODULE(Text);
+
+/// Pieces [begin, end) of the whole model in one stage, the pieces being the vision blocks (0 .. V-1) and
+/// then the decoder's layers (V .. V+n-1): what a balanced layout (`--layout 2b`, `4b`; costs.hpp) puts on
+/// one device — part of the encoder, the encoder and the first text layers, or text layers alone. It hands
+/// on what its last piece makes: crop features (N, P, E) inside the encoder, image embeddings (B, P, D)
+/// after it, hidden states (B, T, D) inside the decoder, the supervised positions' logits at the end.
+/// A frozen encoder (its parameters need no gradient) runs under no-grad: nothing of it is kept.
+struct VisionTextImpl : torch::nn::Module
+{
+  using input_type = torch::Tensor;    // crops (B, N, C, S, S), or the previous stage's output
+  using output_type = torch::Tensor;  // as the file comment says
+  static constexpr std::string_view name = "moondream::VisionText";
+
+  VisionTextImpl(const Config& c, int begin_piece, int end_piece) : begin(begin_piece), end(end_piece), V(c.vision.enc_n_layers)
+  {
+    const int n = c.text.n_layers;
+    TORCH_CHECK(0 <= begin && begin < end && end <= V + n, "moondream::VisionText: pieces [", begin, ", ", end, ") are not inside [0, ", V + n,
+                ") (", V, " vision blocks, then ", n, " text layers)");
+    if (begin < V) vision = register_module("vision", Vision(c, begin, std::min(end, V)));
+    if (end > V) text = register_module("text", Text(c, std::max(begin, V) - V, end - V));
+  }
+  torch::Tensor forward(const torch::Tensor& x, const Batch& b)
+  {
+    auto h = vision ? encode(x, b) : x;
+    return text ? text->forward(h, b) : h;
+  }
+  torch::Tensor encode(const torch::Tensor& x, const Batch& b)
+  {
+    const auto params = vision->parameters();
+    const bool frozen = std::none_of(params.begin(), params.end(), [](const torch::Tensor& p) { return p.requires_grad(); });
+    if (!frozen) return vision->forward(x, b);
+    torch::NoGradGuard ng;
+    return vision->forward(x, b);
+  }
+  std::map<std::string, torch::Tensor> named_weights()
+  {
+    std::map<std::string, torch::Tensor> out;
+    if (vision) out.merge(vision->named_weights());
+    if (text) out.merge(text->named_weights());
+    return out;
+  }
+  std::map<std::string, mpx::tp::Split> named_splits() const
+  {
+    std::map<std::string, mpx::tp::Split> out;
+    if (vision) out.merge(vision->named_splits());
+    if (text) out.merge(text->named_splits());
+    return out;
+  }
+
+  int begin, end, V;
+  mpx::tp::GroupPtr tp_group = mpx::tp::current();  ///< a group of one: balanced layouts are not tensor-parallel
+  Vision vision{nullptr};
+  Text text{nullptr};
+};
+TORCH_MODULE(VisionText);
 
 /// Answer-only next-token cross-entropy: mean over the supervised tokens of the batch (§8). Takes the
 /// logits of the supervised positions (K, V), as `Text::forward` returns them (K, V/N under tensor

@@ -31,7 +31,8 @@ struct Options
 {
   std::string config = "tiny", weights, tokenizer = MOONDREAM_TOKENIZER_DIR;
   std::string data = "generated", eval_data;
-  std::string layout = "2";      ///< 1 (one process, no mpx), 2 (vision | text), 4 (vision | text ×3), 2x2 (2 replicas × 2 stages)
+  std::string layout = "2";      ///< 1 (one process, no mpx), 2 (vision | text), 4 (vision | text ×3), 2x2 (2 replicas × 2 stages),
+                                 ///< 2b / 4b (2 / 4 slots balanced by the config's costs: costs.hpp)
                                  ///< with --tp 2, layouts 2 and 2x2 split the text stage over 2 ranks
   std::string schedule = "1f1b"; ///< gpipe, 1f1b, zbh1
   int microbatch_size = 8;       ///< samples per micro-batch; a step is MOONDREAM_MICROBATCHES micro-batches per replica
@@ -62,6 +63,7 @@ struct Options
   int tp = 1;                     ///< tensor-parallel degree of the text stage (layouts 2 and 2x2)
   int vision_tp = 1;              ///< tensor-parallel degree of the vision stage (layouts 2 and 2x2)
   std::string trace;              ///< a Chrome trace of the last step's actions on every rank (pipeline layouts)
+  bool plan = false;              ///< print where layouts 2, 2b, 4 and 4b put the pieces and their predicted steps, then stop
 
   int microbatches() const { return MOONDREAM_MICROBATCHES; }
   bool train_vision() const { return freeze_vision == "off" || (freeze_vision == "auto" && weights.empty()); }
@@ -206,16 +208,6 @@ inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Options& o,
   if (o.optimizer == "sgd")  // for parity checks: rounding differences stay at their size (AdamW scales each to a full step)
     return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(o.peak_lr()).momentum(0.9).weight_decay(o.weight_decay));
   throw mpx::config_error("moondream_train: --optimizer " + o.optimizer + " is not known; use adamw8bit (the recipe), adamw or sgd");
-}
-
-/// Balanced layer ranges of the decoder over `parts` stages.
-inline std::vector<std::pair<int, int>> split_layers(int layers, int parts)
-{
-  if (layers < parts)
-    throw mpx::config_error(fmt::format("moondream_train: the decoder has {} layers, too few for {} text stages; choose a smaller layout", layers, parts));
-  std::vector<std::pair<int, int>> r;
-  for (int i = 0; i < parts; ++i) r.emplace_back(layers * i / parts, layers * (i + 1) / parts);
-  return r;
 }
 
 /// From scratch, the output bias starts at the log-frequency of the answer tokens (and EOS) of the first

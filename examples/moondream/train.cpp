@@ -6,9 +6,12 @@
 //   moondream_train --layout 4 --schedule zbh1       # vision | text x 3
 //   moondream_train --tp 2                           # vision | text split over 2 ranks (tensor parallel): 3 ranks
 //   moondream_train --tp 2 --vision-tp 2             # vision split over 2 ranks | text over 2: 4 ranks
+//   moondream_train --layout 4b --freeze-vision on   # 4 devices, cut where the config's costs say
+//   moondream_train --config md2 --freeze-vision on --plan   # where each layout puts the work, predicted
 //   moondream_train --config md2 --weights model.safetensors --tokenizer tokenizer.json --data docci.jsonl
 //
 // See docs/04_moondream.md for the layouts, the recipe and the real md2 weights.
+#include "costs.hpp"  // moondream::is_balanced, slots_of
 #include "layouts.hpp"
 #include "train.hpp"
 
@@ -24,8 +27,12 @@ int main(int argc, char** argv)
   app.add_option("--tokenizer", o.tokenizer, "tokenizer.json, or a directory with it or with GPT-2's encoder.json + vocab.bpe")->capture_default_str();
   app.add_option("--data", o.data, "'generated' (shapes VQA) or a JSONL of {image, question, answer} / {image, description}")->capture_default_str();
   app.add_option("--eval-data", o.eval_data, "held-out JSONL (the generated set has its own held-out split)");
-  app.add_option("--layout", o.layout, "1 (one process, plain LibTorch), 2 (vision | text), 4 (vision | text x 3), 2x2 (2 replicas x 2 stages)")
-      ->check(CLI::IsMember({"1", "2", "4", "2x2"}))->capture_default_str();
+  app.add_option("--layout", o.layout,
+                 "1 (one process, plain LibTorch), 2 (vision | text), 4 (vision | text x 3), 2x2 (2 replicas x 2 stages), "
+                 "2b / 4b (2 / 4 devices, balanced: the first holds vision and as many text layers as the config's costs say)")
+      ->check(CLI::IsMember({"1", "2", "4", "2x2", "2b", "4b"}))->capture_default_str();
+  app.add_flag("--plan", o.plan, "print where layouts 2, 2b, 4 and 4b put vision and the text layers, each device's cost and the predicted "
+                                 "step and bubble under --schedule (costs from the config and the first batch's shape), then stop");
   app.add_option("--tp", o.tp, "tensor-parallel degree of the text stage (layouts 2 and 2x2): 1 or 2")->check(CLI::IsMember({1, 2}))->capture_default_str();
   app.add_option("--vision-tp", o.vision_tp, "tensor-parallel degree of the vision stage (layouts 2 and 2x2): 1 or 2")
       ->check(CLI::IsMember({1, 2}))
@@ -74,6 +81,10 @@ int main(int argc, char** argv)
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (o.plan) return moondream::print_plans(o);
+    if (moondream::is_balanced(o.layout) && (o.tp > 1 || o.vision_tp > 1))
+      throw mpx::config_error("moondream_train: layout " + o.layout + " is balanced over whole devices; tensor parallelism (--tp, --vision-tp) " +
+                              "is for layouts 2 and 2x2: use --layout 2 --tp 2, or --tp 1 --vision-tp 1");
     if (o.tp > 1 && (o.layout == "1" || o.layout == "4"))
       throw mpx::config_error("moondream_train: --tp " + std::to_string(o.tp) + " splits the text stage of layout 2 or 2x2; layout " + o.layout +
                               " has " + (o.layout == "1" ? "no stages (one process)" : "three text stages") + ": use --layout 2 or 2x2, or --tp 1");
@@ -85,9 +96,10 @@ int main(int argc, char** argv)
     if (o.layout == "1" && o.max_restarts > 0)
       throw mpx::config_error("moondream_train: --max-restarts restarts the ranks of a pipeline; layout 1 is one process: use --layout 2, 4 or 2x2");
     if (o.layout == "1") return moondream::train_single(o);
-    const int per_replica = o.layout == "4" ? 4 : o.vision_tp + o.tp;  // vision's ranks, then the text stage's
+    const int per_replica = moondream::slots_of(o.layout) == 4 ? 4 : o.vision_tp + o.tp;  // vision's ranks, then the text stage's
     const int nproc = o.layout == "2x2" ? 2 * per_replica : per_replica;
     if (const int status = mpx::relaunch_self(nproc, argc, argv, o.max_restarts); status >= 0) return status;
+    if (moondream::is_balanced(o.layout)) return moondream::train_balanced(o);
     if (!o.train_vision() && o.vision_forward_only == "on" && o.tp == 1 && o.vision_tp == 1)
       return moondream::train_frozen_vision(o);  // the vision stage is mpx::Frozen: forward only
     if (!o.train_vision() && o.vision_forward_only == "on" && mpx::read_env().rank == 0)  // tensor-parallel layouts have no Frozen type

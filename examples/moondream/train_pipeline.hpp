@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// @file examples/moondream/train_pipeline.hpp
-/// The pipeline driver: `train_pipeline<P>` trains one pipeline type (stage 0 the vision encoder, stages
-/// 1.. text ranges) on this rank with mpx — world, stages, trainer, resume, checkpoints, the exported
-/// model and the held-out evaluation on rank 0.
+/// The pipeline driver: `train_pipeline<P>` trains one pipeline type (stage 0 the vision encoder and stages
+/// 1.. text ranges, or every stage a `VisionText` range of pieces: the layout's plan, costs.hpp) on this
+/// rank with mpx — world, stages, trainer, resume, checkpoints, the exported model and the held-out
+/// evaluation on rank 0.
 
+#include "costs.hpp"       // moondream::Plan, plan_of, workload_of
 #include "evaluation.hpp"  // moondream::evaluate, describe
 #include "metrics.hpp"     // moondream::Progress, write_plot
 #include "recipe.hpp"      // moondream::Options, make_data, initialise, step_indices, ...
@@ -45,7 +47,22 @@ inline void store_barrier(mpx::World& w, std::string tag, std::chrono::milliseco
 }
 
 
-/// Trains pipeline type P (stage 0 the vision encoder, stages 1.. text ranges) on this rank.
+/// The shape of the first step's micro-batches: the same on every rank (replica 0's samples, whatever the
+/// replicas).
+inline Workload workload_for(const Options& o, const Config& c, const Data& data, const Tokenizer& tok)
+{
+  const auto idx = step_indices(data.train->size(), 0, o.microbatches(), o.microbatch_size, 1, 0, o.seed);
+  return workload_of(make_microbatches(*data.train, idx, tok, c));
+}
+/// The plan of `--layout` (costs.hpp) for that shape.
+inline Plan plan_for(const Options& o, const Config& c, const Data& data, const Tokenizer& tok)
+{
+  const Workload w = workload_for(o, c, data, tok);
+  const bool forward_only = o.vision_forward_only == "on" && o.tp == 1 && o.vision_tp == 1;  // the layouts with a Frozen vision type
+  return plan_of(o.layout == "2x2" ? "2" : o.layout, o.schedule, c, piece_costs(c, w), o.microbatches(), !o.train_vision(), forward_only);
+}
+
+/// Trains pipeline type P on this rank.
 template <class P>
 int train_pipeline(const Options& o)
 {
@@ -63,28 +80,43 @@ int train_pipeline(const Options& o)
   tok.check_fits(c.text.vocab_size);
   Data data = make_data(o, c);
   const long total = resolve_steps(o, data, world.replicas);
-  const auto ranges = split_layers(c.text.n_layers, P::num_stages - 1);
+  constexpr bool balanced = std::is_same_v<typename P::template stage<0>::module, VisionText>;  // every stage a range of pieces
+  const Plan plan = plan_for(o, c, data, tok);
+  if (plan.slots != P::num_stages || plan.frozen_slots != P::forward_only_stages || (!balanced && !plan.vision_alone()))
+    throw std::logic_error(fmt::format("moondream_train: layout {}'s plan ({} slots, {} forward only) does not fit pipeline type {}", o.layout,
+                                       plan.slots, plan.frozen_slots, mpx::detail::type_name<P>()));
+  if (balanced && !plan.vision_alone() && o.train_vision() && o.vision_lr_scale != 1)
+    throw mpx::config_error("moondream_train: --vision-lr-scale scales the vision stage's learning rate, but layout " + o.layout +
+                            " does not give the vision encoder a stage of its own here: use --layout 2 or 4, or --vision-lr-scale 1");
   if (lead) {
     std::cout << fmt::format("moondream_train: config {} ({} vision + {} text layers), layout {}{}, {} ranks, {} on {}\n", c.name,
                              c.vision.enc_n_layers, c.text.n_layers, o.layout, tp_description(o),
                              env.world_size, P::schedule::name,
                              world.device.is_cuda() ? "CUDA" : "CPU (no CUDA here: this example opts into running GPU<i> stages on CPU ranks)");
     std::cout << mpx::print<P>;
-    for (int i = 1; i < P::num_stages; ++i) std::cout << fmt::format("  stage {}: text layers [{}, {})\n", i, ranges[i - 1].first, ranges[i - 1].second);
+    if (!balanced)
+      for (int i = 1; i < P::num_stages; ++i) std::cout << fmt::format("  stage {}: text layers [{}, {})\n", i, plan.text_range(i).first, plan.text_range(i).second);
+    std::cout << "  costs from the config (FLOPs): " << describe(plan, workload_for(o, c, data, tok)) << "\n";
     std::cout << fmt::format("  vision: {}; optimizer {}; precision {}; activation checkpointing {}; global batch {} = {} micro-batches x {} samples x {} replicas\n",
                              o.train_vision() ? "trained" : "frozen", o.optimizer, o.precision, o.checkpoint ? "stages" : o.checkpoint_blocks ? "blocks" : "off",
                              o.microbatches() * o.microbatch_size * world.replicas, o.microbatches(), o.microbatch_size, world.replicas);
   }
   auto make = [&](auto stage) {
     constexpr int I = decltype(stage)::value;
-    if constexpr (I == 0) {
+    if constexpr (balanced) {
+      VisionText vt(c, plan.pieces(I).first, plan.pieces(I).second);
+      initialise(o, c, *vt, *data.train, tok);
+      if (!o.train_vision() && vt->vision)
+        for (auto& p : vt->vision->parameters()) p.requires_grad_(false);
+      return vt;
+    } else if constexpr (I == 0) {
       Vision v(c);
       initialise(o, c, *v, *data.train, tok);
       if (!o.train_vision())
         for (auto& p : v->parameters()) p.requires_grad_(false);
       return v;
     } else {
-      Text t(c, ranges[I - 1].first, ranges[I - 1].second);
+      Text t(c, plan.text_range(I).first, plan.text_range(I).second);
       initialise(o, c, *t, *data.train, tok);  // a text stage under --tp: this rank's shards of layout 1's weights
       return t;
     }
@@ -93,7 +125,9 @@ int train_pipeline(const Options& o)
   to.lr = schedule_of(o, total);
   to.weight_decay = o.weight_decay, to.beta1 = 0.9, to.beta2 = 0.95, to.eps = 1e-6;
   to.clip_norm = o.clip;
-  to.lr_scale = {o.vision_lr_scale};  // stage 0 is the vision tower in every layout
+  // stage 0 is the vision tower; a balanced layout whose first stage holds more or less than the tower
+  // (checked above when the tower trains) scales nothing
+  to.lr_scale = {balanced && !plan.vision_alone() ? 1.0 : o.vision_lr_scale};
   to.checkpoint_all = o.checkpoint;
   to.checkpoint_blocks = o.checkpoint_blocks;
   to.checkpoints.checksums = o.checkpoint_checksums == "on";

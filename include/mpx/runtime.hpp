@@ -10,6 +10,7 @@
 #include <mpx/runtime/launch.hpp>   // mpx::launch, mpx::relaunch_self
 #include <mpx/runtime/lr.hpp>       // mpx::WarmupCosine
 #include <mpx/runtime/precision.hpp>  // mpx::AutocastGuard, mpx::LossScaler
+#include <mpx/runtime/profile.hpp>    // mpx::measure_layer_costs, mpx::balance_report
 #include <mpx/runtime/sampler.hpp>  // mpx::DistributedSampler
 #include <mpx/runtime/trainer.hpp>  // mpx::Trainer (and every room it composes: options, stage set, executor, ...)
 #include <mpx/runtime/wire.hpp>     // mpx::send_tensors, mpx::post_recv, mpx::finish_recv

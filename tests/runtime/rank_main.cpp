@@ -3,6 +3,7 @@
 // ("loss <step> <value>") and saves the parameters of its stages to <out>/stage<s>.pt.
 //   mpx.tests.runtime_rank <scenario> <out-dir> [kill-rank kill-step]
 #include "scenarios.hpp"
+#include "support/geometric_toy.hpp"
 
 #include <malloc.h>  // mallinfo2
 
@@ -95,6 +96,28 @@ int run()
   return 0;
 }
 }  // namespace memory
+
+/// The geometric toy cut after layer `cut` (slot 0 holds [0, cut), slot 1 [cut, 6)), one intra-op thread
+/// per rank: prints "step_seconds <s>" for each of 12 steps (the first two warm up).
+int toy_cut(int cut)
+{
+  torch::set_num_threads(1);
+  const auto env = mpx::read_env();
+  auto world = mpx::make_world<toy::Pipe>(env);
+  auto make = [cut](auto stage) {
+    torch::manual_seed(7 + decltype(stage)::value);
+    return decltype(stage)::value == 0 ? toy::Geometric(0, cut) : toy::Geometric(cut, toy::num_layers);
+  };
+  auto options = scenario::options();
+  options.clip_norm = 0;
+  mpx::Trainer<toy::Pipe, toy::Batch> trainer(world, make, [](const toy::Batch& b) { return b.x; }, toy::loss, options);
+  for (long step = 0; step < 12; ++step) {
+    const auto st = trainer.step(mpx::split_microbatches(toy::make_batch(4 * toy::rows_per_microbatch, step), 4));
+    if (env.rank == 0 && step >= 2) std::printf("step_seconds %.6f\n", st.seconds);
+  }
+  std::fflush(stdout);
+  return 0;
+}
 
 template <class P>
 int train(const std::string& out, int kill_rank, int kill_step, std::chrono::milliseconds timeout = std::chrono::seconds(30),
@@ -292,6 +315,7 @@ int run(const std::string& name, const std::string& out, int kill_rank, int kill
     return train<P2<mpx::OneFOneB>>(out, -1, -1, std::chrono::seconds(30), {{"config", "tiny"}, {"seed", seed}});
   }
   if (name == "wire") return wire();
+  if (name.starts_with("toy-cut-")) return toy_cut(std::atoi(name.c_str() + 8));
   if (name == "memory-trained") return memory::run<memory::P<>>();
   if (name == "memory-frozen") return memory::run<memory::P<mpx::Frozen>>();
   if (name == "misdeclared") return train<PMisdeclared>(out, -1, -1, std::chrono::seconds(10));

@@ -138,3 +138,34 @@ TEST_CASE("The cached decoder gives the logits of a full forward, GQA runs", "[m
     CHECK(torch::allclose(step, full.select(1, 3), 1e-4, 1e-4));
   }
 }
+
+TEST_CASE("VisionText ranges of pieces (vision blocks, then text layers) compose to the whole model, under global names", "[moondream][model][balance]")
+{
+  auto c = small();  // 4 vision blocks, 4 text layers: pieces [0, 8)
+  torch::manual_seed(3);
+  moondream::Moondream whole(c);
+  auto b = batch(c, 2, 5, {1, 1, 1, 1});
+  const auto want = whole->forward(b);
+  // cut inside the encoder, and with the encoder's tail and the first text layers on one stage
+  moondream::VisionText a(c, 0, 2), mid(c, 2, 5), last(c, 5, 8);
+  std::map<std::string, torch::Tensor> names;
+  for (auto* part : {&a, &mid, &last}) names.merge((*part)->named_weights());
+  const auto reference = whole->named_weights();
+  REQUIRE(names.size() == reference.size());
+  {
+    torch::NoGradGuard ng;
+    for (auto& [n, p] : names) p.copy_(reference.at(n));  // every name is found: the throw of at() fails the test
+  }
+  CHECK(!a->text);           // the encoder's first half only
+  CHECK(mid->text->begin == 0);
+  CHECK(mid->text->end == 1);
+  auto got = last->forward(mid->forward(a->forward(b.crops, b), b), b);
+  CHECK(torch::allclose(got, want, 1e-5, 1e-5));
+  // a frozen encoder runs under no-grad: nothing of it reaches the autograd graph
+  for (auto& p : mid->vision->parameters()) p.requires_grad_(false);
+  auto h = mid->forward(a->forward(b.crops, b).detach(), b);
+  CHECK(h.requires_grad());  // the text layer trains
+  for (auto& p : mid->text->parameters()) p.requires_grad_(false);
+  CHECK(!mid->forward(a->forward(b.crops, b).detach(), b).requires_grad());
+  CHECK_THROWS_WITH(moondream::VisionText(c, 3, 9), Catch::Contains("are not inside [0, 8)"));
+}

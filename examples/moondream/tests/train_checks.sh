@@ -5,6 +5,9 @@
 #                      within 1e-5 relative every step, and every weight at the end within 1e-4
 #   frozen:   with --freeze-vision on the vision stage runs forward only (its rank's table has no backward);
 #             layouts 2 (1F1B, ZB-H1) and 4 match one process with the encoder frozen, and vision is unchanged
+#   balanced: --plan shows where layouts 2, 2b, 4 and 4b put the pieces; the balanced layouts (the encoder's
+#             tail and text layers on one stage; the frozen encoder over forward-only stages) match one process,
+#             and a 4b checkpoint resumes in layouts 2, 1 and 2b with the uninterrupted losses
 #   dp:       2 replicas x 2 stages match one process computing the same global batch
 #   tp:       vision | text split over 2 ranks (tensor parallel, 3 ranks) matches one process for 10 steps,
 #             and so do 2 replicas of it (6 ranks); its exported model is whole (moondream_query reads it);
@@ -71,6 +74,15 @@ print(f"{len(a)} tensors, worst relative weight difference {worst:.2e} (at most 
 sys.exit(0 if worst <= tol else 1)
 PY
 }
+# parity_run REF NAME ARGS...: trains with ARGS into $work/NAME (log, metrics, exported model), then checks
+# its losses, gradient norms and weights against the run saved as $work/REF
+parity_run() {
+  local ref=$1 name=$2
+  shift 2
+  "$train" "${small[@]}" "$@" --save "$work/$name" --metrics "$work/$name.jsonl" | tee "$work/$name.log"
+  compare "$work/$ref.jsonl" "$work/$name.jsonl"
+  weights "$work/$ref/model" "$work/$name/model"
+}
 
 # gqa: the tiny config with grouped-query attention, 4 query heads reading 1 key/value head (at --tp 2
 # both ranks hold that head: a shared split), written to $work/gqa.json; the flags in array gqa
@@ -102,14 +114,49 @@ case $check in
     "$train" "${small[@]}" --freeze-vision on --layout 1 --steps 6 --save "$work/single" --metrics "$work/single.jsonl"
     for run in "2 1f1b" "2 zbh1" "4 1f1b"; do
       set -- $run
-      "$train" "${small[@]}" --freeze-vision on --layout "$1" --schedule "$2" --steps 6 --save "$work/p$1$2" --metrics "$work/p$1$2.jsonl" \
-        | tee "$work/p$1$2.log"
+      parity_run single "p$1$2" --freeze-vision on --layout "$1" --schedule "$2" --steps 6
       grep -q "forward only: stage 0" "$work/p$1$2.log"
       grep -E "^(\[rank 0\] )?rank 0  \|F0\|" "$work/p$1$2.log"                 # the vision rank's timeline ...
       ! grep -E "^(\[rank 0\] )?rank 0  \|.*\|(B|I|W)[0-9]" "$work/p$1$2.log"    # ... has forwards only
-      compare "$work/single.jsonl" "$work/p$1$2.jsonl"
-      weights "$work/single/model" "$work/p$1$2/model"
     done
+    ;;
+  balanced)
+    "$train" "${small[@]}" --freeze-vision on --plan | tee "$work/plan.log"
+    grep -q "^layout 2b: slot 0: vision \[0, 4) + text \[0, " "$work/plan.log"   # tiny: text layers beside the encoder
+    "$train" "${small[@]}" --freeze-vision on --layout 1 --steps 6 --save "$work/single" --metrics "$work/single.jsonl"
+    for run in "2b 1f1b" "2b gpipe" "4b zbh1"; do
+      set -- $run
+      parity_run single "p$1$2" --freeze-vision on --layout "$1" --schedule "$2" --steps 6
+      grep -q "costs from the config (FLOPs): layout $1: slot 0: vision \[0, 4) + text" "$work/p$1$2.log"
+    done
+    # a balanced layout's checkpoint resumes in other layouts, balanced or not, and in one process
+    "$train" "${small[@]}" --freeze-vision on --layout 4b --steps 6 --save-every 3 --save "$work/b4" > /dev/null
+    for layout in 2 1 2b; do
+      "$train" "${small[@]}" --freeze-vision on --layout "$layout" --steps 6 --resume "$work/b4/checkpoint/step-00000003" \
+        --metrics "$work/resumed$layout.jsonl" > /dev/null
+      compare "$work/single.jsonl" "$work/resumed$layout.jsonl" 3
+    done
+    # heavier encoders (8 blocks, 2x and 4x wider): layout 4b gives the first device encoder blocks only
+    # (forward only) and the next the encoder's tail and text layers; or two forward-only devices
+    for width in 128 256; do
+      python3 - "$(dirname "$0")/../configs/tiny.json" "$work/heavy$width.json" "$width" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+w = int(sys.argv[3])
+c["vision"].update(enc_dim=w, enc_ff_dim=4 * w, enc_n_layers=8)
+json.dump(c, open(sys.argv[2], "w"))
+PY
+      heavy=(--config "$work/heavy$width.json" --freeze-vision on --steps 6)
+      "$train" "${small[@]}" "${heavy[@]}" --layout 1 --save "$work/hsingle$width" --metrics "$work/hsingle$width.jsonl"
+      parity_run "hsingle$width" "h4b$width" "${heavy[@]}" --layout 4b
+    done
+    grep -q "forward only: stage 0 " "$work/h4b128.log"
+    grep -q "layout 4b: slot 0: vision \[0, [0-9]) (forward only) [0-9.]* GFLOP | slot 1: vision \[[0-9], 8) + text \[0, " "$work/h4b128.log"
+    grep -q "forward only: stages 0-[12]" "$work/h4b256.log"
+    # trained encoder, balanced: every stage trains
+    "$train" "${small[@]}" --layout 1 --steps 6 --metrics "$work/trained.jsonl"
+    "$train" "${small[@]}" --layout 4b --steps 6 --metrics "$work/trained4b.jsonl"
+    compare "$work/trained.jsonl" "$work/trained4b.jsonl"
     ;;
   dp)
     "$train" "${small[@]}" --layout 1 --emulate-replicas 2 --steps 6 --metrics "$work/single.jsonl"
