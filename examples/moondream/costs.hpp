@@ -98,7 +98,8 @@ struct Plan
   int frozen_slots = 0;     ///< leading slots of frozen encoder blocks only: they run forward only
   mpx::StageCosts load{};   ///< each slot's cost per micro-batch
   mpx::Proof predicted{};   ///< the schedule's timeline under those costs
-  /// Whether slot k holds exactly what layouts 2 and 4 give their stages (vision alone, or text alone).
+  Workload workload{};      ///< the micro-batch shape the costs are for
+  /// Whether slot 0 holds the whole encoder and nothing else (as layouts 2 and 4 cut).
   bool vision_alone() const { return cut[1] == vision_blocks; }
   std::pair<int, int> pieces(int k) const { return {cut[std::size_t(k)], cut[std::size_t(k) + 1]}; }
   /// The text layers [b, e) of slot k (b == e: none).
@@ -112,11 +113,13 @@ struct Plan
 /// The cut of `layout`: layouts 2 and 4 as `moondream_train` always cut them (vision alone, text in equal
 /// ranges), 2b and 4b by `mpx::balance` under the schedule. With the encoder frozen, the leading slots that
 /// hold only its blocks run forward only (unless `forward_only` is false: then they run a backward too).
-inline Plan plan_of(const std::string& layout, const std::string& schedule, const Config& c, const std::vector<mpx::LayerCost>& pieces,
-                    int microbatches, bool frozen_vision, bool forward_only = true)
+inline Plan plan_of(const std::string& layout, const std::string& schedule, const Config& c, const Workload& w, int microbatches,
+                    bool frozen_vision, bool forward_only = true)
 {
+  const auto pieces = piece_costs(c, w);
   Plan p;
   p.layout = layout;
+  p.workload = w;
   p.slots = slots_of(layout);
   p.vision_blocks = c.vision.enc_n_layers;
   const int n = c.text.n_layers, V = p.vision_blocks, frozen = frozen_vision ? V : 0;
@@ -139,13 +142,14 @@ inline Plan plan_of(const std::string& layout, const std::string& schedule, cons
 }
 
 /// "layout 2b: slot 0: vision [0, 27) + text [0, 3)  1.95 TFLOP | slot 1: text [3, 24) ...; predicted step ..., bubble ...".
-inline std::string describe(const Plan& p, const Workload& w)
+inline std::string describe(const Plan& p)
 {
+  const Workload& w = p.workload;
   std::int64_t most = p.predicted.makespan;
   for (int k = 0; k < p.slots; ++k) most = std::max(most, p.load.forward[std::size_t(k)] + p.load.backward[std::size_t(k)]);
   const bool giga = most < std::int64_t(1e12);  // small configs in GFLOP
   const char* unit = giga ? "GFLOP" : "TFLOP";
-  auto tflop = [giga](std::int64_t f) { return fmt::format("{:.2f}", double(f) / (giga ? 1e9 : 1e12)); };
+  auto amount = [giga](std::int64_t f) { return fmt::format("{:.2f}", double(f) / (giga ? 1e9 : 1e12)); };
   std::string s = fmt::format("layout {}:", p.layout);
   for (int k = 0; k < p.slots; ++k) {
     const auto [b, e] = p.pieces(k);
@@ -154,10 +158,10 @@ inline std::string describe(const Plan& p, const Workload& w)
     if (b < p.vision_blocks) what = fmt::format("vision [{}, {})", b, std::min(e, p.vision_blocks));
     if (te > tb) what += fmt::format("{}text [{}, {})", what.empty() ? "" : " + ", tb, te);
     s += fmt::format("{} slot {}: {}{} {} {}", k == 0 ? "" : " |", k, what, k < p.frozen_slots ? " (forward only)" : "",
-                     tflop(p.load.forward[std::size_t(k)] + p.load.backward[std::size_t(k)]), unit);
+                     amount(p.load.forward[std::size_t(k)] + p.load.backward[std::size_t(k)]), unit);
   }
   s += fmt::format("; predicted step {} {}-time, bubble {:.1f}% (micro-batches of {:.0f} samples, {:.1f} crops and {:.0f} tokens each)",
-                   tflop(p.predicted.makespan), unit, 100 * p.predicted.bubble(), w.samples, w.crops, w.tokens);
+                   amount(p.predicted.makespan), unit, 100 * p.predicted.bubble(), w.samples, w.crops, w.tokens);
   return s;
 }
 

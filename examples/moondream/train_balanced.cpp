@@ -15,7 +15,7 @@ moondream::Plan plan(const moondream::Options& o)
   const Config c = load_config(o.config);
   const auto tok = Tokenizer::load(o.tokenizer);
   const Data data = make_data(o, c);
-  return plan_for(o, c, data, tok);
+  return plan_for(o, c, workload_for(o, c, data, tok));
 }
 
 template <class Tag>
@@ -54,7 +54,7 @@ int moondream::print_plans(const Options& o)
   for (const char* layout : {"2", "2b", "4", "4b"}) {
     Options lo = o;
     lo.layout = layout;
-    std::cout << describe(plan_for(lo, c, data, tok), w) << "\n";
+    std::cout << describe(plan_for(lo, c, w)) << "\n";
   }
   return 0;
 }

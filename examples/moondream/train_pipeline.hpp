@@ -55,11 +55,10 @@ inline Workload workload_for(const Options& o, const Config& c, const Data& data
   return workload_of(make_microbatches(*data.train, idx, tok, c));
 }
 /// The plan of `--layout` (costs.hpp) for that shape.
-inline Plan plan_for(const Options& o, const Config& c, const Data& data, const Tokenizer& tok)
+inline Plan plan_for(const Options& o, const Config& c, const Workload& w)
 {
-  const Workload w = workload_for(o, c, data, tok);
   const bool forward_only = o.vision_forward_only == "on" && o.tp == 1 && o.vision_tp == 1;  // the layouts with a Frozen vision type
-  return plan_of(o.layout == "2x2" ? "2" : o.layout, o.schedule, c, piece_costs(c, w), o.microbatches(), !o.train_vision(), forward_only);
+  return plan_of(o.layout == "2x2" ? "2" : o.layout, o.schedule, c, w, o.microbatches(), !o.train_vision(), forward_only);
 }
 
 /// Trains pipeline type P on this rank.
@@ -81,7 +80,7 @@ int train_pipeline(const Options& o)
   Data data = make_data(o, c);
   const long total = resolve_steps(o, data, world.replicas);
   constexpr bool balanced = std::is_same_v<typename P::template stage<0>::module, VisionText>;  // every stage a range of pieces
-  const Plan plan = plan_for(o, c, data, tok);
+  const Plan plan = plan_for(o, c, workload_for(o, c, data, tok));
   if (plan.slots != P::num_stages || plan.frozen_slots != P::forward_only_stages || (!balanced && !plan.vision_alone()))
     throw std::logic_error(fmt::format("moondream_train: layout {}'s plan ({} slots, {} forward only) does not fit pipeline type {}", o.layout,
                                        plan.slots, plan.frozen_slots, mpx::detail::type_name<P>()));
@@ -96,7 +95,7 @@ int train_pipeline(const Options& o)
     std::cout << mpx::print<P>;
     if (!balanced)
       for (int i = 1; i < P::num_stages; ++i) std::cout << fmt::format("  stage {}: text layers [{}, {})\n", i, plan.text_range(i).first, plan.text_range(i).second);
-    std::cout << "  costs from the config (FLOPs): " << describe(plan, workload_for(o, c, data, tok)) << "\n";
+    std::cout << "  costs from the config (FLOPs): " << describe(plan) << "\n";
     std::cout << fmt::format("  vision: {}; optimizer {}; precision {}; activation checkpointing {}; global batch {} = {} micro-batches x {} samples x {} replicas\n",
                              o.train_vision() ? "trained" : "frozen", o.optimizer, o.precision, o.checkpoint ? "stages" : o.checkpoint_blocks ? "blocks" : "off",
                              o.microbatches() * o.microbatch_size * world.replicas, o.microbatches(), o.microbatch_size, world.replicas);

@@ -1,12 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // moondream_train's 2-stage layouts (vision | text; also 2 replicas x 2 stages): one pipeline type per schedule.
 #include "layouts.hpp"
+#include "costs.hpp"  // moondream::with_schedule
 #include "train.hpp"
 
 int moondream::train_two_stage(const Options& o)
 {
-  if (o.schedule == "gpipe") return train_pipeline<TwoStage<mpx::GPipe>>(o);
-  if (o.schedule == "1f1b") return train_pipeline<TwoStage<mpx::OneFOneB>>(o);
-  if (o.schedule == "zbh1") return train_pipeline<TwoStage<mpx::ZBH1>>(o);
-  throw mpx::config_error("moondream_train: --schedule " + o.schedule + " is not known; use gpipe, 1f1b or zbh1");
+  return with_schedule(o.schedule, [&]<class Tag>() { return train_pipeline<TwoStage<Tag>>(o); });
 }

@@ -3,6 +3,7 @@
 // over two ranks, the decoder over the next --tp (1 or 2); also 2 replicas of that. One pipeline type per
 // schedule and text degree.
 #include "layouts.hpp"
+#include "costs.hpp"  // moondream::with_schedule
 #include "train.hpp"
 
 namespace
@@ -10,11 +11,7 @@ namespace
 template <int TextTP>
 int by_schedule(const moondream::Options& o)
 {
-  using moondream::TwoStage;
-  if (o.schedule == "gpipe") return moondream::train_pipeline<TwoStage<mpx::GPipe, TextTP, 2>>(o);
-  if (o.schedule == "1f1b") return moondream::train_pipeline<TwoStage<mpx::OneFOneB, TextTP, 2>>(o);
-  if (o.schedule == "zbh1") return moondream::train_pipeline<TwoStage<mpx::ZBH1, TextTP, 2>>(o);
-  throw mpx::config_error("moondream_train: --schedule " + o.schedule + " is not known; use gpipe, 1f1b or zbh1");
+  return moondream::with_schedule(o.schedule, [&]<class Tag>() { return moondream::train_pipeline<moondream::TwoStage<Tag, TextTP, 2>>(o); });
 }
 }  // namespace
 

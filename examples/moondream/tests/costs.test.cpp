@@ -12,7 +12,7 @@ const moondream::Workload shapes{4, 2, 20, 3};  // 4 samples of 2 crops and 20 t
 moondream::Plan plan(const char* config, const char* layout, bool frozen, const char* schedule = "1f1b")
 {
   const auto c = moondream::load_config(config);
-  return moondream::plan_of(layout, schedule, c, moondream::piece_costs(c, shapes), 4, frozen);
+  return moondream::plan_of(layout, schedule, c, shapes, 4, frozen);
 }
 }  // namespace
 
