@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The small-work benchmark's report (called by run.sh): WORK holds raw.txt ("round m mode seconds"),
-detail.txt ("round m mode rank step schedule compute wait optimizer end-of-step", ms) and trace_<m>.json
+detail.txt ("round m mode rank step schedule compute wait optimizer end-of-step", ms), split.txt ("round m kept
+split-ms whole-ms": what zbh1's measured split chose) and trace_<m>.json
 (the last step of a 1F1B run, every rank). Prints Markdown.
 
     python3 report.py WORK M...
@@ -11,8 +12,8 @@ import statistics
 import sys
 
 work, ms = sys.argv[1], [int(m) for m in sys.argv[2:]]
-MODES = ["whole", "accumulate", "gpipe", "1f1b", "1f1b-overlap", "zbh1", "handwritten", "py-gpipe", "py-1f1b"]
-MPX = ["gpipe", "1f1b", "1f1b-overlap", "zbh1"]
+MODES = ["whole", "accumulate", "gpipe", "1f1b", "1f1b-overlap", "zbh1", "zbh1-split", "handwritten", "py-gpipe", "py-1f1b"]
+MPX = ["gpipe", "1f1b", "1f1b-overlap", "zbh1", "zbh1-split"]
 med = statistics.median
 
 raw = collections.defaultdict(dict)  # (m, mode) -> {round: seconds}
@@ -23,6 +24,15 @@ detail = collections.defaultdict(list)  # (m, mode, rank) -> [(step, schedule, c
 for line in open(f"{work}/detail.txt"):
     f = line.split()
     detail[(int(f[1]), f[2], int(f[3]))].append(tuple(map(float, f[4:])))
+
+
+split = collections.defaultdict(list)  # m -> [(round, kept, split ms, whole ms)]
+try:
+    for line in open(f"{work}/split.txt"):
+        r, m, kept, a, b = line.split()
+        split[int(m)].append((int(r), int(kept), float(a), float(b)))
+except OSError:
+    pass
 
 
 def paired(m, a, b):
@@ -49,6 +59,24 @@ for m in ms:
               f"{1 / paired(m, mode, 'whole'):.3f} |")
     print()
 
+print("## ZB-H1's measured split")
+print()
+print("zbh1 (TrainOptions::split_backward = measure) times its first steps split and whole and keeps the faster; "
+      "zbh1-split splits at every step. 'kept' counts the rounds whose run kept the split; its trial medians are the "
+      "slowest rank's schedule walk. The ratios are paired step-time ratios against mpx 1F1B.")
+print()
+print("| m | kept the split (rounds) | trial walk split / whole (ms, median over rounds) | zbh1 / 1f1b | zbh1 / 1f1b in the rounds that kept the split | zbh1-split / 1f1b |")
+print("|---|---|---|---|---|---|")
+for m in ms:
+    d = split.get(m, [])
+    if not d:
+        continue
+    kept_rounds = [r for r, k, _, _ in d if k]
+    kept = [raw[(m, "zbh1")][r] / raw[(m, "1f1b")][r] for r in kept_rounds if r in raw[(m, "zbh1")] and r in raw[(m, "1f1b")]]
+    print(f"| {m} | {len(kept_rounds)} of {len(d)} | {med(x[2] for x in d):.2f} / {med(x[3] for x in d):.2f} | "
+          f"{paired(m, 'zbh1', '1f1b'):.3f} | {med(kept) if kept else float('nan'):.3f} | {paired(m, 'zbh1-split', '1f1b'):.3f} |")
+print()
+
 print("## Where mpx's step goes (per rank, medians over the rounds, ms)")
 print()
 print("schedule = walking the actions (compute, waits for data, sends and receive posts); end-of-step = the step less the "
@@ -71,7 +99,7 @@ print()
 print("send / receive post: the action's whole duration; gap: from one action's end to the next one's start "
       "(the executor's own time between actions); compute: a forward's or backward's work, less its wait.")
 print()
-print("| m | sends | mean send | receive posts | mean receive post | mean gap between actions | mean forward | mean backward | waits (sum) |")
+print("| m | sends | median / mean send | receive posts | median / mean receive post | mean gap between actions | mean forward | mean backward | waits (sum) |")
 print("|---|---|---|---|---|---|---|---|---|")
 for m in ms:
     try:
@@ -101,7 +129,9 @@ for m in ms:
             else:
                 kinds["B"].append(e["dur"])
     mean = lambda v: sum(v) / len(v) if v else float("nan")
-    print(f"| {m} | {len(kinds['send'])} | {mean(kinds['send']):.0f} | {len(kinds['recv'])} | {mean(kinds['recv']):.0f} | "
+    mid = lambda v: med(v) if v else float("nan")
+    print(f"| {m} | {len(kinds['send'])} | {mid(kinds['send']):.0f} / {mean(kinds['send']):.0f} | {len(kinds['recv'])} | "
+          f"{mid(kinds['recv']):.0f} / {mean(kinds['recv']):.0f} | "
           f"{mean(gaps):.0f} | {mean(kinds['F']):.0f} | {mean(kinds['B']):.0f} | {waits} |")
 print()
 

@@ -4,7 +4,8 @@
 # (the whole batch at once, and accumulating m micro-batches), mpx on two CPU ranks (GPipe, 1F1B, ZB-H1), the
 # hand-written c10d 1F1B program and a plain Python torch.distributed loop (GPipe and 1F1B); 1f1b-overlap is mpx
 # 1F1B with TrainOptions::skip_nonfinite = false (optimizers step while the statistics are all-reduced). One intra-op
-# thread per rank. Every round runs every contender at every m, the order rotated from round to round, so
+# thread per rank. zbh1 measures whether its split backward pays (the default, TrainOptions::split_backward =
+# measure: 6 trial steps, warm-up for it) and zbh1-split splits at every step. Every round runs every contender at every m, the order rotated from round to round, so
 # that the shared machine's noise hits all alike; the report gives paired ratios (within a round, then the
 # median over rounds), mpx's time split per rank, and the per-action costs read from a 1F1B trace.
 # Writes benchmarks/results/smallwork_<host>_<date>.md.
@@ -17,9 +18,10 @@ bench=$build/benchmarks/smallwork/smallwork_bench
 mpxrun=$build/tools/mpxrun
 py=benchmarks/smallwork/python_pipeline.py
 python=${PYTHON:-/usr/bin/python3}  # Debian's, with python3-torch (a pyenv python3 first on PATH has no torch)
-modes=(whole accumulate gpipe 1f1b 1f1b-overlap zbh1 handwritten py-gpipe py-1f1b)
+modes=(whole accumulate gpipe 1f1b 1f1b-overlap zbh1 zbh1-split handwritten py-gpipe py-1f1b)
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 work=$(mktemp -d)
+: > "$work/split.txt"
 trap 'rm -rf "$work"' EXIT
 run() {  # <mode> <m>: the contender's output, without rank prefixes
   case $1 in
@@ -37,6 +39,7 @@ for ((r = 0; r < rounds; r++)); do
       [ -n "$t" ] || { echo "$mode at m = $m printed no result:"; echo "$out"; exit 1; }
       echo "$r $m $mode $t" >> "$work/raw.txt"
       echo "$out" | awk -v r="$r" -v m="$m" -v mode="$mode" '/^detail/ {print r, m, mode, $2, $3, $4, $5, $6, $7, $8}' >> "$work/detail.txt"
+      echo "$out" | awk -v r="$r" -v m="$m" '/^split/ {print r, m, $2, $3, $4}' >> "$work/split.txt"
       echo "round $r m $m $mode $t s"
     done
   done
@@ -50,7 +53,7 @@ source benchmarks/results_file.sh && keep_earlier "$out"
   echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB"
   echo "- LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null), $(g++ --version | head -n 1), Python torch $("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null), Gloo over loopback"
   echo "- model: 2 x 4 layers of Linear 512x512 + GELU, AdamW (lr 1e-4), loss mean(y^2); micro-batches of 8 rows, m per step; one intra-op thread per rank; clipping off"
-  echo "- each run: median step time over $steps steps after 2 warm-up steps (pipelines: the slower rank's); $rounds rounds, the contenders' order rotated each round"
+  echo "- each run: median step time over $steps steps after 2 warm-up steps (zbh1: 8, its 6 trial steps among them) (pipelines: the slower rank's); $rounds rounds, the contenders' order rotated each round"
   echo
   python3 benchmarks/smallwork/report.py "$work" $ms
 } > "$out"

@@ -3,7 +3,10 @@
 // CPUs (2 x 4 layers of Linear 512x512 + GELU, AdamW, micro-batches of 8 rows), m micro-batches per step:
 //   whole        one process, the whole batch of m micro-batches in one forward and backward
 //   accumulate   one process, m micro-batches, gradients accumulated
-//   gpipe | 1f1b | zbh1   mpx::Trainer, two CPU ranks, one stage each
+//   gpipe | 1f1b | zbh1   mpx::Trainer, two CPU ranks, one stage each; zbh1 measures whether its split
+//                pays (TrainOptions::split_backward = measure, the default) in 1 + 2 x 3 warm-up steps
+//                and prints "split <kept 0|1> <split ms> <whole ms>"
+//   zbh1-split   ZB-H1 split at every step (split_backward = always)
 //   1f1b-overlap  the same 1F1B with TrainOptions::skip_nonfinite = false (no end-of-step wait)
 //   handwritten  plain c10d 1F1B (../handwritten.hpp); start it with mpxrun --nproc-per-node 2
 // One intra-op thread per rank. Rank 0 prints "result <mode> <median seconds per step> m <m>"; mpx modes also
@@ -76,7 +79,8 @@ using P2 = mpx::Pipeline<mpx::Stage<bench::Stack, mpx::CPU<0>, mpx::Optimizer<mp
                          mpx::Stage<bench::Stack, mpx::CPU<1>, mpx::Optimizer<mpx::AdamW>>, mpx::Schedule<Sched>, mpx::Microbatches<M>>;
 
 template <class Sched, int M>
-int pipelined(const std::string& name, int steps, int argc, char** argv, bool overlap = false)
+int pipelined(const std::string& name, int steps, int argc, char** argv, bool overlap = false,
+              mpx::SplitBackward split = mpx::SplitBackward::measure)
 {
   using P = P2<Sched, M>;
   if (const int st = mpx::relaunch_self(P::num_slots, argc, argv); st >= 0) return st;
@@ -90,17 +94,21 @@ int pipelined(const std::string& name, int steps, int argc, char** argv, bool ov
   mpx::TrainOptions o;
   o.lr = mpx::WarmupCosine{1e-4, 0, 1, 1.0};
   o.skip_nonfinite = !overlap;  // overlap: each rank steps its optimizers while the statistics are all-reduced
+  o.split_backward = split;
+  // warm-up: 2 steps, and under a measured split its trials too (a start-up cost, like the warm-up's)
+  const bool measures = std::is_same_v<Sched, mpx::ZBH1> && split == mpx::SplitBackward::measure;
+  const int warm = measures ? 2 + 2 * o.split_trials : 2;
   const char* trace = std::getenv("MPX_BENCH_TRACE");
   o.trace = trace != nullptr;
   mpx::Trainer<P, torch::Tensor> trainer(world, make, [](const torch::Tensor& x) { return x; },
                                          [](const torch::Tensor& y, const torch::Tensor&) { return loss(y); }, o);
   std::vector<double> t, sched, compute, wait, optim, rest;
-  const auto data = batches(steps + 2, M);
-  for (int s = 0; s < steps + 2; ++s) {
+  const auto data = batches(steps + warm, M);
+  for (int s = 0; s < steps + warm; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
     auto st = trainer.step(mpx::split_microbatches(data[std::size_t(s)], M));
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s < 2) continue;
+    if (s < warm) continue;
     t.push_back(wall), sched.push_back(st.schedule_seconds), compute.push_back(st.compute_seconds), wait.push_back(st.wait_seconds);
     optim.push_back(st.optimizer_seconds), rest.push_back(wall - st.schedule_seconds - st.optimizer_seconds);
   }
@@ -112,6 +120,8 @@ int pipelined(const std::string& name, int steps, int argc, char** argv, bool ov
   std::vector<at::Tensor> v{mx};
   world.world->allreduce(v, {c10d::ReduceOp::MAX})->wait();
   if (env.rank == 0) std::printf("result %s %.6f m %d\n", name.c_str(), mx.item<double>(), M);
+  if (const auto& d = trainer.split_decision(); env.rank == 0 && d.decided())
+    std::printf("split %d %.3f %.3f\n", int(d.split()), d.split_seconds() * 1e3, d.whole_seconds() * 1e3);
   return 0;
 }
 
@@ -122,7 +132,8 @@ int pipelined_mode(const std::string& mode, int steps, int argc, char** argv)
   if (mode == "1f1b") return pipelined<mpx::OneFOneB, M>(mode, steps, argc, argv);
   if (mode == "1f1b-overlap") return pipelined<mpx::OneFOneB, M>(mode, steps, argc, argv, true);
   if (mode == "zbh1") return pipelined<mpx::ZBH1, M>(mode, steps, argc, argv);
-  std::fprintf(stderr, "unknown mode %s: whole | accumulate | gpipe | 1f1b | 1f1b-overlap | zbh1 | handwritten\n", mode.c_str());
+  if (mode == "zbh1-split") return pipelined<mpx::ZBH1, M>(mode, steps, argc, argv, false, mpx::SplitBackward::always);
+  std::fprintf(stderr, "unknown mode %s: whole | accumulate | gpipe | 1f1b | 1f1b-overlap | zbh1 | zbh1-split | handwritten\n", mode.c_str());
   return 2;
 }
 }  // namespace
@@ -131,7 +142,7 @@ int main(int argc, char** argv)
 {
   torch::set_num_threads(1);
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s whole|accumulate|gpipe|1f1b|1f1b-overlap|zbh1|handwritten M [steps]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s whole|accumulate|gpipe|1f1b|1f1b-overlap|zbh1|zbh1-split|handwritten M [steps]\n", argv[0]);
     return 2;
   }
   const std::string mode = argv[1];

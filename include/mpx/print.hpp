@@ -173,8 +173,11 @@ std::ostream& operator<<(std::ostream& os, printer<P>)
     os << "published bubble (p-1)/(m+p-1) = " << int(1000.0 * (p - 1) / (m + p - 1) + 0.5) / 10.0 << "%\n";
   else if constexpr (std::is_same_v<Tag, Interleaved1F1B>)
     os << "published bubble (p-1)/(v*m+p-1) = " << int(1000.0 * (p - 1) / (v * m + p - 1) + 0.5) / 10.0 << "%\n";
-  else if constexpr (std::is_same_v<Tag, ZBH1>)
+  else if constexpr (std::is_same_v<Tag, ZBH1>) {
     os << "published ZB-H1 bubble, at best (p-1)/(3m+p-1) = " << int(1000.0 * (p - 1) / (3 * m + p - 1) + 0.5) / 10.0 << "%\n";
+    os << "split backward (I, W): by default kept only if measured faster than the whole backward in I over the first steps "
+          "(TrainOptions::split_backward = measure, or always / never; the trainer says which on rank 0)\n";
+  }
   print_timeline(os, P::make_table());
   return os;
 }

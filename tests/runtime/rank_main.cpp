@@ -184,6 +184,13 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
         }
       }
   if (env.rank == 0) std::printf("bubble expected %.4f measured %.4f\n", trainer.expected_bubble(), trainer.measured_bubble());
+  if (trainer.split_decision().decided()) {  // ZB-H1's measured split: the same choice on every rank?
+    const double split = trainer.split_decision().split() ? 1 : 0;
+    std::vector<at::Tensor> v{torch::tensor({split, -split}, torch::kDouble)};
+    world.world->allreduce(v, {c10d::ReduceOp::MAX})->wait();
+    const bool agreed = v[0][0].item<double>() == -v[0][1].item<double>();
+    if (env.rank == 0) std::printf("split decided %d agreed %d\n", int(split), int(agreed));
+  }
   std::fflush(stdout);
   if (trace) trainer.write_trace(trace);
   return 0;

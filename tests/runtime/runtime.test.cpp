@@ -195,6 +195,20 @@ TEST_CASE("ZB-H1 with 2 replicas: buckets start in the last W, or in the last I 
   check_parity("dp2-p2-zbh1", 1e-5, 1e-5, unmarked);
 }
 
+TEST_CASE("ZB-H1 measures whether its split pays: after a trial of each way every rank keeps the same choice, said on rank 0, and 2 stages (and 2 replicas of them) still match one process", "[runtime][parity][split]")
+{
+  const std::vector<std::pair<std::string, std::string>> one_trial{{"MPX_TEST_SPLIT_TRIALS", "1"}};  // steps 1 split, 2 whole; 3, 4 the choice
+  ::setenv("MPX_TEST_SPLIT_TRIALS", "1", 1);  // the reference reads the same options (its math does not depend on them)
+  for (const char* name : {"p2-zbh1", "dp2-p2-zbh1"}) {
+    CAPTURE(name);
+    std::string out;
+    check_parity(name, 1e-5, 1e-5, one_trial, -1, &out);
+    CHECK(out.find("mpx: ZB-H1's backward, measured over this run's steps 1-2") != std::string::npos);
+    CHECK(out.find(" agreed 1\n") != std::string::npos);
+  }
+  ::unsetenv("MPX_TEST_SPLIT_TRIALS");
+}
+
 TEST_CASE("Stages under bf16 autocast match one process under the same autocast", "[runtime][parity][precision]")
 {
   check_parity("p2-bf16-autocast");

@@ -178,6 +178,7 @@ inline mpx::TrainOptions options()
   o.weight_decay = 0.01;
   o.clip_norm = 1.0;
   o.momentum = 0.9;  // SGD stages
+  if (const char* t = std::getenv("MPX_TEST_SPLIT_TRIALS")) o.split_trials = std::atoi(t);  // ZB-H1: settle the split sooner
   if (std::getenv("MPX_TEST_OVERLAP")) {  // no clipping and no skip: the optimizers step during the end-of-step all-reduce
     o.clip_norm = 0;
     o.skip_nonfinite = false;

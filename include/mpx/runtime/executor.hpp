@@ -8,7 +8,9 @@
 /// caller gives the loss's gradient seed, hears through `last_backward(s)` that stage s's last backward
 /// of the step that computes parameter gradients (B; W, or I when it does not split) is about to run and
 /// through `stage_done(s)` that it is
-/// done (data parallelism's buckets start in between, as the gradients become final). A forward-only stage
+/// done (data parallelism's buckets start in between, as the gradients become final). Under ZB-H1 the
+/// trainer says before each walk whether its I/W passes split (`use_split`: split_decision.hpp); without the
+/// split each I runs the whole backward and each W nothing. A forward-only stage
 /// (`Layout::forward_only`) runs its forwards with autograd off and drops its inputs and outputs once sent:
 /// it keeps nothing between steps' actions. A failure is reported where it
 /// happened: a `peer_error` for what came from the wire, a `stage_error` for the stage's own code, both
@@ -101,10 +103,17 @@ class Executor
   }
 
   bool splits_backward() const { return split_; }
-  /// Whether stage s's I/W passes run split (decided at its first I: a module that marks no
+  /// Whether the following walks split their backward into I and W (the trainer's `SplitDecision`);
+  /// off: every I runs the whole backward and every W nothing. On by default.
+  void use_split(bool on) { split_on_ = on; }
+  /// Whether stage s can run its I/W passes split (decided at its first split I: a module that marks no
   /// `mpx::checkpoint_block` boundaries would walk its graph twice, so its I runs a full backward and its
   /// W nothing); true before that and without a split backward.
   bool split_used(int s) const { return split_used_[std::size_t(s)] != 0; }
+  /// Whether stage s has run a split I (its module marks blocks).
+  bool split_ran(int s) const { return split_decided_[std::size_t(s)] && split_used(s); }
+  /// Whether stage s splits in the walks now (`use_split` and `split_used`).
+  bool splitting(int s) const { return split_ && split_on_ && split_used(s); }
   const std::vector<Action>& actions() const { return actions_; }
 
  private:
@@ -153,11 +162,11 @@ class Executor
         done(s, stage_done);
         break;
       case Op::I:
-        if (decide_split(s, st)) input_backward(st, a);
+        if (split_on_ && decide_split(s, st)) input_backward(st, a);
         else whole_backward(st, a);  // the W that follows has nothing left to do
         break;
       case Op::W:
-        if (split_used(s)) {
+        if (splitting(s)) {
           weight_backward(st.outputs, st.grads, st.bounds, st.bound_grads, stages_.trainable(s));
           --weights_left_[std::size_t(s)];
         }
@@ -195,7 +204,7 @@ class Executor
     torch::AutoGradMode enable(trains);
     std::vector<at::Tensor> bounds;  // under a split backward: the blocks' boundaries, for the W pass
     {
-      BlockBoundaries capture(split_ && trains ? &bounds : nullptr);
+      BlockBoundaries capture(splitting(s) && trains ? &bounds : nullptr);
       inject_fault(FaultPoint::forward, w_.env.rank, step_);  // MPX_FAULT=exception:<rank>:<step> (tests)
       st.outputs = stages_.forward(s, st.inputs, b);
     }
@@ -247,7 +256,8 @@ class Executor
   /// Whether action a computes its stage's parameter gradients (B; W when split, I when not).
   bool computes_weights(Action a) const
   {
-    return a.op == Op::B || (a.op == Op::W && split_used(a.stage)) || (a.op == Op::I && split_decided_[a.stage] && !split_used(a.stage));
+    return a.op == Op::B || (a.op == Op::W && splitting(a.stage)) ||
+           (a.op == Op::I && (!split_on_ || split_decided_[a.stage]) && !splitting(a.stage));
   }
 
   /// At stage s's first I: the split pays only when the module marks its blocks (otherwise W re-walks
@@ -312,6 +322,7 @@ class Executor
   double seed_ = 1;
   long step_ = 0;
   bool split_ = false;  // this rank's schedule splits backward into I and W (ZB-H1)
+  bool split_on_ = true;  // the walks split it now (use_split)
 };
 
 }  // namespace mpx

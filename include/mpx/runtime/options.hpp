@@ -30,6 +30,15 @@ struct CheckpointOptions
   bool allow_cast = false; ///< load a tensor saved in another dtype, converted (else an error names both dtypes)
 };
 
+/// Whether a schedule with a split backward (ZB-H1) runs it split into I (input gradients) and W (weight
+/// gradients), or runs the whole backward in I and nothing in W (split_decision.hpp).
+enum class SplitBackward
+{
+  measure,  ///< the first steps try both, then every rank keeps the faster (the slowest rank's walk)
+  always,   ///< split wherever the stage's module marks its blocks
+  never,    ///< never split
+};
+
 /// Training hyper-parameters of a run.
 struct TrainOptions
 {
@@ -52,6 +61,12 @@ struct TrainOptions
   /// Data parallelism: each bucket's all-reduce starts inside the stage's last backward of the step, as
   /// soon as its gradients are final (gradient_buckets.hpp); false: all of them after that backward.
   bool overlap_reduction = true;
+  /// ZB-H1: split each backward into I and W (`always`), never, or `measure`: after the first step, the
+  /// next 2 × split_trials alternate split and whole, and from then on every rank runs what was faster — the
+  /// median over the trials of the slowest rank's schedule walk, agreed over the world and said on rank 0
+  /// (the split costs extra backward calls that, on small layers, outweigh the bubble it fills).
+  SplitBackward split_backward = SplitBackward::measure;
+  int split_trials = 3;
   bool trace = false;                              ///< record every action for `write_trace`
   LossScaling scaler{};                            ///< dynamic loss scaling (off by default; for fp16)
   CheckpointOptions checkpoints{};                 ///< what Trainer::save keeps and Trainer::load verifies

@@ -7,7 +7,7 @@
 /// | phase | room |
 /// |---|---|
 /// | micro-batches to the device | `microbatches.hpp` |
-/// | walk the schedule (buckets start as stages finish) | `executor.hpp` (over `stage_set.hpp`, `backward.hpp`, `boundary_links.hpp`) |
+/// | walk the schedule (buckets start as stages finish), ZB-H1 split or whole | `executor.hpp` (over `stage_set.hpp`, `backward.hpp`, `boundary_links.hpp`), `split_decision.hpp` |
 /// | finish the data-parallel reduction (and, under sequence parallelism, the replicated gradients' sum) | `gradient_buckets.hpp`, `stage_set.hpp` |
 /// | gradient statistics: loss, norm, inf/NaN in one collective | `grad_stats.hpp` |
 /// | skip or clip, optimizer step at the scheduled rate, zero | `grad_stats.hpp`, `stage_optimizers.hpp` |
@@ -26,6 +26,7 @@
 #include <mpx/runtime/gradient_buckets.hpp>  // mpx::GradientBuckets
 #include <mpx/runtime/microbatches.hpp>      // mpx::split_microbatches, mpx::to_device
 #include <mpx/runtime/options.hpp>           // mpx::TrainOptions, mpx::StepStats
+#include <mpx/runtime/split_decision.hpp>    // mpx::SplitDecision
 #include <mpx/runtime/precision.hpp>         // mpx::LossScaler
 #include <mpx/runtime/stage_optimizers.hpp>  // mpx::StageOptimizers
 #include <mpx/runtime/stage_set.hpp>         // mpx::StageSet
@@ -34,7 +35,7 @@
 #include <mpx/runtime/world.hpp>             // mpx::World
 
 #include <chrono>    // std::chrono::steady_clock
-#include <iostream>  // std::cout
+#include <iostream>  // std::cout, std::clog
 #include <string>    // std::string
 #include <vector>    // std::vector
 
@@ -60,7 +61,8 @@ class Trainer
   Trainer(World& world, Make&& make, InputFn input, LossFn loss, TrainOptions options = {})
       : w_(world), o_(std::move(options)), scaler_(o_.scaler), stages_((check_proof(), w_.slot), w_.device, make, o_, w_.tp),
         optimizers_(stages_, o_), executor_(w_, stages_, std::move(input), std::move(loss)),
-        buckets_(w_.dp, w_.replicas, o_.bucket_bytes, w_.timeout), expected_bubble_(prove(P::make_table()).bubble())
+        buckets_(w_.dp, w_.replicas, o_.bucket_bytes, w_.timeout), split_(executor_.splits_backward(), o_.split_backward, o_.split_trials),
+        expected_bubble_(prove(P::make_table()).bubble())
   {
     for (int s = 0; s < N; ++s)
       if (stages_.holds(s)) held_.push_back(stages_.parameters(s)), counted_.push_back(stages_.norm_parameters(s));
@@ -76,6 +78,7 @@ class Trainer
     const auto& mbs = w_.device.is_cpu() ? host_microbatches : (moved = to_device(host_microbatches, w_.device));
     StepStats st;
     st.loss_scale = scaler_.scale();
+    executor_.use_split(split_.split_at(steps_run_));
     const auto t0 = clock::now();
     const auto walk = executor_.walk(
         mbs, scaler_.scale(), step_, o_.trace ? &trace_ : nullptr,
@@ -84,6 +87,7 @@ class Trainer
         },
         [this](int s) { buckets_.start(stages_.parameters(s)); });
     st.schedule_seconds = seconds(clock::now() - t0);
+    const bool settle_split = split_.record(steps_run_, st.schedule_seconds);
     if (o_.trace) trace_buckets(t0);
     const auto f0 = clock::now();
     buckets_.finish();
@@ -105,11 +109,13 @@ class Trainer
       if (!st.skipped) step_optimizers(st);
     }
     optimizers_.zero();
+    if (settle_split) split_.decide(w_, splits_here(), std::clog);
     st.seconds = seconds(clock::now() - t0);
     st.compute_seconds = walk.compute_seconds;
     st.wait_seconds = walk.wait_seconds;
     last_ = st;
     ++step_;
+    ++steps_run_;
     return st;
   }
 
@@ -143,6 +149,8 @@ class Trainer
   long skipped_steps() const { return scaler_.skipped(); }
   double loss_scale() const { return scaler_.scale(); }
   double expected_bubble() const { return expected_bubble_; }
+  /// ZB-H1: whether the walks split their backward, and what the measurement found (split_decision.hpp).
+  const SplitDecision& split_decision() const { return split_; }
   /// Measured idle fraction of the last step on this rank: 1 - compute / wall (waits for data are idle).
   double measured_bubble() const { return last_.bubble(); }
 
@@ -193,6 +201,14 @@ class Trainer
     st.optimizer_seconds = seconds(clock::now() - o0);
   }
 
+  /// Whether some stage of this rank runs its backward split (its module marks blocks).
+  bool splits_here() const
+  {
+    for (int s = 0; s < N; ++s)
+      if (stages_.holds(s) && executor_.split_ran(s)) return true;
+    return false;
+  }
+
   void call_before_optimizer()
   {
     if (!o_.before_optimizer) return;
@@ -207,11 +223,13 @@ class Trainer
   StageOptimizers optimizers_;
   Executor<P, Batch> executor_;
   GradientBuckets buckets_;
+  SplitDecision split_;
   TraceRecorder trace_;
   StageParameters held_;     // this rank's stages' parameters, in stage order
   StageNormTerms counted_;   // those it counts in the global gradient norm (tensor parallelism: each once)
   double expected_bubble_ = 0;
   long step_ = 0;
+  long steps_run_ = 0;  // steps this trainer ran in this process (step_ counts those of a resumed checkpoint too)
   StepStats last_;
 };
 
