@@ -21,10 +21,10 @@ TEST_CASE("Op names and kinds", "[action][static]")
 TEST_CASE("expand: sends right after their compute, receives where the table posts them", "[action]")
 {
   const Table t = GPipe::table(Layout::looped(3, 3, 2));
-  // middle rank: RF0 F0 RF1 SF0 F1 RB0 SF1 B0 RB1 SB0 B1 SB1
-  const std::vector<Action> want = {{Op::RecvF, 1, 0}, {Op::F, 1, 0},     {Op::RecvF, 1, 1}, {Op::SendF, 1, 0},
-                                    {Op::F, 1, 1},     {Op::RecvB, 1, 0}, {Op::SendF, 1, 1}, {Op::B, 1, 0},
-                                    {Op::RecvB, 1, 1}, {Op::SendB, 1, 0}, {Op::B, 1, 1},     {Op::SendB, 1, 1}};
+  // middle rank, GPipe posting three receiving computes ahead: RF0 RF1 RB0 F0 RB1 SF0 F1 SF1 B0 SB0 B1 SB1
+  const std::vector<Action> want = {{Op::RecvF, 1, 0}, {Op::RecvF, 1, 1}, {Op::RecvB, 1, 0}, {Op::F, 1, 0},
+                                    {Op::RecvB, 1, 1}, {Op::SendF, 1, 0}, {Op::F, 1, 1},     {Op::SendF, 1, 1},
+                                    {Op::B, 1, 0},     {Op::SendB, 1, 0}, {Op::B, 1, 1},     {Op::SendB, 1, 1}};
   CHECK(expand(t, 1) == want);
   // each rank's steps stay in the table's contiguous slice
   CHECK(t.rank(0).size() == 4);

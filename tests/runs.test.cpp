@@ -45,7 +45,7 @@ Table gpipe_steps(const Layout& l)
     for (int m = 0; m < l.microbatches; ++m) b.put(l.rank_of[s], Op::F, s, m);
     for (int m = 0; m < l.microbatches; ++m) b.put(l.rank_of[s], Op::B, s, m);
   }
-  return b.finish(1);
+  return b.finish(3);  // GPipe posts three receiving computes ahead (its receiving computes run back to back)
 }
 Table one_f_one_b_steps(const Layout& l)
 {
@@ -165,7 +165,7 @@ TEST_CASE("The run proof fast-forwards the steady state: its work does not grow 
   CHECK(big.ok());
   CHECK(big.steps == 65536);
   CHECK(big.simulated < 9000);  // about 2 p²: warm-up, fill and drain
-  CHECK(prove(GPipe::runs(Layout::looped(64, 64, 512))).simulated < 5000);
+  CHECK(prove(GPipe::runs(Layout::looped(64, 64, 512))).simulated < 15000);  // 13,504: three receives posted ahead fill later
   const Proof zb = prove(ZBH1::runs(Layout::looped(64, 64, 512)));
   CHECK(zb.ok());
   CHECK(zb.steps == 64 * 3 * 512);

@@ -27,7 +27,11 @@
 namespace mpx
 {
 
-/// GPipe (fill-drain): all forwards, then all backwards. Holds all m micro-batches in flight.
+/// GPipe (fill-drain): all forwards, then all backwards. Holds all m micro-batches in flight. Receives
+/// are posted three receiving computes ahead: a stage's receiving computes run back to back (a later
+/// stage's forwards, an earlier stage's backwards), so posted one ahead each receive would go out just
+/// before the compute that waits for it, and the message's hand-shake (a Gloo send moves once its receive
+/// is posted) would sit on the critical path of every micro-batch (benchmarks/results/gpipe_lookahead_vm_20261202.md).
 struct GPipe
 {
   static constexpr std::string_view name = "GPipe";
@@ -35,7 +39,7 @@ struct GPipe
   static constexpr bool split_backward = false;
   static constexpr RunTable runs(const Layout& l)
   {
-    detail::run_builder b(l, 1);
+    detail::run_builder b(l, 3);
     for (int s = 0; s < l.stages; ++s) {
       const int r = l.rank_of[s];
       b.span(r, Op::F, s, 0, l.microbatches);
