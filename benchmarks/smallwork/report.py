@@ -12,8 +12,8 @@ import statistics
 import sys
 
 work, ms = sys.argv[1], [int(m) for m in sys.argv[2:]]
-MODES = ["whole", "accumulate", "gpipe", "1f1b", "1f1b-overlap", "zbh1", "zbh1-split", "handwritten", "py-gpipe", "py-1f1b"]
-MPX = ["gpipe", "1f1b", "1f1b-overlap", "zbh1", "zbh1-split"]
+MODES = ["whole", "accumulate", "gpipe", "1f1b", "1f1b-overlap", "1f1b-torch-adamw", "zbh1", "zbh1-split", "handwritten", "py-gpipe", "py-1f1b"]
+MPX = ["gpipe", "1f1b", "1f1b-overlap", "1f1b-torch-adamw", "zbh1", "zbh1-split"]
 med = statistics.median
 
 raw = collections.defaultdict(dict)  # (m, mode) -> {round: seconds}
@@ -26,11 +26,12 @@ for line in open(f"{work}/detail.txt"):
     detail[(int(f[1]), f[2], int(f[3]))].append(tuple(map(float, f[4:])))
 
 
-split = collections.defaultdict(list)  # m -> [(round, kept, split ms, whole ms)]
+split = collections.defaultdict(list)  # m -> [(round, kept, split ms, whole ms, paired ratio)]
 try:
     for line in open(f"{work}/split.txt"):
-        r, m, kept, a, b = line.split()
-        split[int(m)].append((int(r), int(kept), float(a), float(b)))
+        f = line.split()
+        r, m, kept, a, b = f[:5]
+        split[int(m)].append((int(r), int(kept), float(a), float(b), float(f[5]) if len(f) > 5 else float("nan")))
 except OSError:
     pass
 
@@ -61,20 +62,21 @@ for m in ms:
 
 print("## ZB-H1's measured split")
 print()
-print("zbh1 (TrainOptions::split_backward = measure) times its first steps split and whole and keeps the faster; "
-      "zbh1-split splits at every step. 'kept' counts the rounds whose run kept the split; its trial medians are the "
-      "slowest rank's schedule walk. The ratios are paired step-time ratios against mpx 1F1B.")
+print("zbh1 (TrainOptions::split_backward = measure) times its first steps split and whole and keeps the split only "
+      "if the median of neighbouring split / whole walks is below 0.98; zbh1-split splits at every step. 'kept' counts "
+      "the rounds whose run kept the split; its trial medians are the slowest rank's schedule walk. The step ratios are "
+      "paired step-time ratios against mpx 1F1B.")
 print()
-print("| m | kept the split (rounds) | trial walk split / whole (ms, median over rounds) | zbh1 / 1f1b | zbh1 / 1f1b in the rounds that kept the split | zbh1-split / 1f1b |")
-print("|---|---|---|---|---|---|")
+print("| m | kept the split (rounds) | trial walk split / whole (ms, median over rounds) | trial split / whole, paired (median over rounds) | zbh1 / 1f1b | zbh1 / 1f1b in the rounds that kept the split | zbh1-split / 1f1b |")
+print("|---|---|---|---|---|---|---|")
 for m in ms:
     d = split.get(m, [])
     if not d:
         continue
-    kept_rounds = [r for r, k, _, _ in d if k]
+    kept_rounds = [x[0] for x in d if x[1]]
     kept = [raw[(m, "zbh1")][r] / raw[(m, "1f1b")][r] for r in kept_rounds if r in raw[(m, "zbh1")] and r in raw[(m, "1f1b")]]
     print(f"| {m} | {len(kept_rounds)} of {len(d)} | {med(x[2] for x in d):.2f} / {med(x[3] for x in d):.2f} | "
-          f"{paired(m, 'zbh1', '1f1b'):.3f} | {med(kept) if kept else float('nan'):.3f} | {paired(m, 'zbh1-split', '1f1b'):.3f} |")
+          f"{med(x[4] for x in d):.3f} | {paired(m, 'zbh1', '1f1b'):.3f} | {med(kept) if kept else float('nan'):.3f} | {paired(m, 'zbh1-split', '1f1b'):.3f} |")
 print()
 
 print("## Where mpx's step goes (per rank, medians over the rounds, ms)")

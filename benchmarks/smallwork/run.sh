@@ -18,7 +18,7 @@ bench=$build/benchmarks/smallwork/smallwork_bench
 mpxrun=$build/tools/mpxrun
 py=benchmarks/smallwork/python_pipeline.py
 python=${PYTHON:-/usr/bin/python3}  # Debian's, with python3-torch (a pyenv python3 first on PATH has no torch)
-modes=(whole accumulate gpipe 1f1b 1f1b-overlap zbh1 zbh1-split handwritten py-gpipe py-1f1b)
+modes=(whole accumulate gpipe 1f1b 1f1b-overlap 1f1b-torch-adamw zbh1 zbh1-split handwritten py-gpipe py-1f1b)
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 work=$(mktemp -d)
 : > "$work/split.txt"
@@ -39,7 +39,7 @@ for ((r = 0; r < rounds; r++)); do
       [ -n "$t" ] || { echo "$mode at m = $m printed no result:"; echo "$out"; exit 1; }
       echo "$r $m $mode $t" >> "$work/raw.txt"
       echo "$out" | awk -v r="$r" -v m="$m" -v mode="$mode" '/^detail/ {print r, m, mode, $2, $3, $4, $5, $6, $7, $8}' >> "$work/detail.txt"
-      echo "$out" | awk -v r="$r" -v m="$m" '/^split/ {print r, m, $2, $3, $4}' >> "$work/split.txt"
+      echo "$out" | awk -v r="$r" -v m="$m" '/^split/ {print r, m, $2, $3, $4, $5}' >> "$work/split.txt"
       echo "round $r m $m $mode $t s"
     done
   done
@@ -53,7 +53,7 @@ source benchmarks/results_file.sh && keep_earlier "$out"
   echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB"
   echo "- LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null), $(g++ --version | head -n 1), Python torch $("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null), Gloo over loopback"
   echo "- model: 2 x 4 layers of Linear 512x512 + GELU, AdamW (lr 1e-4), loss mean(y^2); micro-batches of 8 rows, m per step; one intra-op thread per rank; clipping off"
-  echo "- each run: median step time over $steps steps after 2 warm-up steps (zbh1: 8, its 6 trial steps among them) (pipelines: the slower rank's); $rounds rounds, the contenders' order rotated each round"
+  echo "- each run: median step time over $steps steps after 2 warm-up steps (zbh1: 18, its 16 trial steps among them) (pipelines: the slower rank's); $rounds rounds, the contenders' order rotated each round"
   echo
   python3 benchmarks/smallwork/report.py "$work" $ms
 } > "$out"

@@ -4,10 +4,12 @@
 //   whole        one process, the whole batch of m micro-batches in one forward and backward
 //   accumulate   one process, m micro-batches, gradients accumulated
 //   gpipe | 1f1b | zbh1   mpx::Trainer, two CPU ranks, one stage each; zbh1 measures whether its split
-//                pays (TrainOptions::split_backward = measure, the default) in 1 + 2 x 3 warm-up steps
-//                and prints "split <kept 0|1> <split ms> <whole ms>"
+//                pays (TrainOptions::split_backward = measure, the default) in 1 + 2 x 8 warm-up steps
+//                and prints "split <kept 0|1> <split ms> <whole ms> <median split / whole>"
 //   zbh1-split   ZB-H1 split at every step (split_backward = always)
 //   1f1b-overlap  the same 1F1B with TrainOptions::skip_nonfinite = false (no end-of-step wait)
+//   1f1b-torch-adamw  the same 1F1B stepping LibTorch's torch::optim::AdamW (TrainOptions::make_optimizer)
+//                instead of mpx's default mpx::FusedAdamW: what the one-pass step saves
 //   handwritten  plain c10d 1F1B (../handwritten.hpp); start it with mpxrun --nproc-per-node 2
 // One intra-op thread per rank. Rank 0 prints "result <mode> <median seconds per step> m <m>"; mpx modes also
 // print, per rank, "detail <rank> <step> <schedule> <compute> <wait> <optimizer> <end-of-step>" (medians, ms:
@@ -80,7 +82,7 @@ using P2 = mpx::Pipeline<mpx::Stage<bench::Stack, mpx::CPU<0>, mpx::Optimizer<mp
 
 template <class Sched, int M>
 int pipelined(const std::string& name, int steps, int argc, char** argv, bool overlap = false,
-              mpx::SplitBackward split = mpx::SplitBackward::measure)
+              mpx::SplitBackward split = mpx::SplitBackward::measure, bool libtorch_adamw = false)
 {
   using P = P2<Sched, M>;
   if (const int st = mpx::relaunch_self(P::num_slots, argc, argv); st >= 0) return st;
@@ -93,8 +95,13 @@ int pipelined(const std::string& name, int steps, int argc, char** argv, bool ov
   };
   mpx::TrainOptions o;
   o.lr = mpx::WarmupCosine{1e-4, 0, 1, 1.0};
+  o.weight_decay = 0.01;  // LibTorch's and PyTorch's AdamW default, which the other contenders use
   o.skip_nonfinite = !overlap;  // overlap: each rank steps its optimizers while the statistics are all-reduced
   o.split_backward = split;
+  if (libtorch_adamw)  // LibTorch's own AdamW, as the hand-written program steps: what mpx's one-pass AdamW saves
+    o.make_optimizer = [](int, const std::vector<at::Tensor>& ps) -> std::unique_ptr<torch::optim::Optimizer> {
+      return std::make_unique<torch::optim::AdamW>(ps, torch::optim::AdamWOptions(1e-4));
+    };
   // warm-up: 2 steps, and under a measured split its trials too (a start-up cost, like the warm-up's)
   const bool measures = std::is_same_v<Sched, mpx::ZBH1> && split == mpx::SplitBackward::measure;
   const int warm = measures ? 2 + 2 * o.split_trials : 2;
@@ -121,7 +128,7 @@ int pipelined(const std::string& name, int steps, int argc, char** argv, bool ov
   world.world->allreduce(v, {c10d::ReduceOp::MAX})->wait();
   if (env.rank == 0) std::printf("result %s %.6f m %d\n", name.c_str(), mx.item<double>(), M);
   if (const auto& d = trainer.split_decision(); env.rank == 0 && d.decided())
-    std::printf("split %d %.3f %.3f\n", int(d.split()), d.split_seconds() * 1e3, d.whole_seconds() * 1e3);
+    std::printf("split %d %.3f %.3f %.4f\n", int(d.split()), d.split_seconds() * 1e3, d.whole_seconds() * 1e3, d.ratio());
   return 0;
 }
 
@@ -131,9 +138,11 @@ int pipelined_mode(const std::string& mode, int steps, int argc, char** argv)
   if (mode == "gpipe") return pipelined<mpx::GPipe, M>(mode, steps, argc, argv);
   if (mode == "1f1b") return pipelined<mpx::OneFOneB, M>(mode, steps, argc, argv);
   if (mode == "1f1b-overlap") return pipelined<mpx::OneFOneB, M>(mode, steps, argc, argv, true);
+  if (mode == "1f1b-torch-adamw")
+    return pipelined<mpx::OneFOneB, M>(mode, steps, argc, argv, false, mpx::SplitBackward::measure, true);
   if (mode == "zbh1") return pipelined<mpx::ZBH1, M>(mode, steps, argc, argv);
   if (mode == "zbh1-split") return pipelined<mpx::ZBH1, M>(mode, steps, argc, argv, false, mpx::SplitBackward::always);
-  std::fprintf(stderr, "unknown mode %s: whole | accumulate | gpipe | 1f1b | 1f1b-overlap | zbh1 | zbh1-split | handwritten\n", mode.c_str());
+  std::fprintf(stderr, "unknown mode %s: whole | accumulate | gpipe | 1f1b | 1f1b-overlap | 1f1b-torch-adamw | zbh1 | zbh1-split | handwritten\n", mode.c_str());
   return 2;
 }
 }  // namespace
@@ -142,7 +151,7 @@ int main(int argc, char** argv)
 {
   torch::set_num_threads(1);
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s whole|accumulate|gpipe|1f1b|1f1b-overlap|zbh1|zbh1-split|handwritten M [steps]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s whole|accumulate|gpipe|1f1b|1f1b-overlap|1f1b-torch-adamw|zbh1|zbh1-split|handwritten M [steps]\n", argv[0]);
     return 2;
   }
   const std::string mode = argv[1];

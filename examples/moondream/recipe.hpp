@@ -203,7 +203,7 @@ inline mpx::WarmupCosine schedule_of(const Options& o, long steps)
 inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Options& o, const std::vector<at::Tensor>& params)
 {
   auto opts = torch::optim::AdamWOptions(o.peak_lr()).betas({0.9, 0.95}).eps(1e-6).weight_decay(o.weight_decay);
-  if (o.optimizer == "adamw") return std::make_unique<torch::optim::AdamW>(params, opts);
+  if (o.optimizer == "adamw") return std::make_unique<mpx::FusedAdamW>(params, opts);
   if (o.optimizer == "adamw8bit") return std::make_unique<mpx::AdamW8bitOptimizer>(params, opts);
   if (o.optimizer == "sgd")  // for parity checks: rounding differences stay at their size (AdamW scales each to a full step)
     return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(o.peak_lr()).momentum(0.9).weight_decay(o.weight_decay));

@@ -42,7 +42,7 @@ TEST_CASE("record keeps the trial steps' walks and says when the last trial is d
   CHECK(!d.record(5, 1.0));  // after the trials: not kept
 }
 
-TEST_CASE("The choice: the split iff its median trial walk is below the whole backward's", "[rooms][split]")
+TEST_CASE("The choice: the split iff it is clearly faster than the whole backward, step beside step", "[rooms][split]")
 {
   SECTION("split faster")
   {
@@ -53,7 +53,17 @@ TEST_CASE("The choice: the split iff its median trial walk is below the whole ba
     CHECK(d.split_seconds() == 0.010);
     CHECK(d.whole_seconds() == 0.012);
     for (long k = 7; k < 12; ++k) CHECK(d.split_at(k));
-    CHECK(d.message().find("split into I and W 10.00 ms, whole in I 12.00 ms: keeps the split") != std::string::npos);
+    CHECK(d.ratio() == Approx(0.010 / 0.011));  // the pairs: 0.83, 2.5 (the outlier), 0.91
+    CHECK(d.message().find("split into I and W 10.00 ms, whole in I 12.00 ms, split / whole 0.909 (the split stays below 0.98): keeps the split") !=
+          std::string::npos);
+  }
+  SECTION("within the margin: whole (1F1B's order, fewer calls)")
+  {
+    SplitDecision d(true, SplitBackward::measure, 3);
+    d.choose(true, {0.0099, 0.0100, 0.0099, 0.0100, 0.0100, 0.0101});  // each split 1 % faster
+    CHECK(d.split_seconds() < d.whole_seconds());
+    CHECK(d.ratio() > 1 - mpx::split_margin);
+    CHECK(!d.split());
   }
   SECTION("whole faster")
   {

@@ -47,7 +47,7 @@ TEST_CASE("A frozen stage has no optimizer, make_optimizer replaces the policy's
   mpx::StageOptimizers opt(set, o);
   CHECK(asked == 0);
   CHECK(dynamic_cast<torch::optim::SGD*>(&opt.at(0)) != nullptr);
-  CHECK(dynamic_cast<torch::optim::AdamW*>(&mpx::StageOptimizers(set, {}).at(0)) != nullptr);  // the default
+  CHECK(dynamic_cast<mpx::FusedAdamW*>(&mpx::StageOptimizers(set, {}).at(0)) != nullptr);  // the default: LibTorch's AdamW, one pass
 }
 
 TEST_CASE("AdamW state saved and loaded continues identically, a corrupt file names itself", "[rooms][stage_optimizers]")

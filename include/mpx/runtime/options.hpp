@@ -62,11 +62,13 @@ struct TrainOptions
   /// soon as its gradients are final (gradient_buckets.hpp); false: all of them after that backward.
   bool overlap_reduction = true;
   /// ZB-H1: split each backward into I and W (`always`), never, or `measure`: after the first step, the
-  /// next 2 × split_trials alternate split and whole, and from then on every rank runs what was faster — the
-  /// median over the trials of the slowest rank's schedule walk, agreed over the world and said on rank 0
-  /// (the split costs extra backward calls that, on small layers, outweigh the bubble it fills).
+  /// next 2 × split_trials alternate split and whole, and from then on every rank runs the split only if it
+  /// was clearly faster — the median over neighbouring trials of split / whole (the slowest rank's schedule
+  /// walk) below 1 − mpx::split_margin (0.98), agreed over the world and said on rank 0 (the split costs
+  /// extra backward calls that, on small layers, outweigh the bubble it fills). Both ways compute the same
+  /// gradients, so trials cost only time.
   SplitBackward split_backward = SplitBackward::measure;
-  int split_trials = 3;
+  int split_trials = 8;
   bool trace = false;                              ///< record every action for `write_trace`
   LossScaling scaler{};                            ///< dynamic loss scaling (off by default; for fp16)
   CheckpointOptions checkpoints{};                 ///< what Trainer::save keeps and Trainer::load verifies

@@ -9,8 +9,11 @@
 /// not counted, steps 1 … 2·trials alternate split (odd) and whole (even), and `record` keeps each walk's
 /// seconds. After the last trial `decide` — a collective over the world, so that every rank, every
 /// data-parallel replica among them, makes the same choice at the same step (their buckets' order depends
-/// on it) — takes the slowest rank's walk per trial step, keeps the split iff its median is below the
-/// whole backward's, and rank 0 says which and why. Both ways compute the same gradients.
+/// on it) — takes the slowest rank's walk per trial step and compares each split step with the whole one
+/// right after it (neighbours share the machine's state, so drift cancels). The split stays only if the
+/// median of those ratios is below 1 − `split_margin` (2 %): where the two are within noise the whole
+/// backward wins, since it is 1F1B's order, holds fewer deferred tensors and makes fewer calls. Rank 0
+/// says which and why. Both ways compute the same gradients.
 
 #include <mpx/runtime/errors.hpp>   // mpx::peer_error
 #include <mpx/runtime/options.hpp>  // mpx::SplitBackward
@@ -26,6 +29,9 @@
 
 namespace mpx
 {
+
+/// How much faster the split's trials must be (median ratio to the whole backward's) for it to stay.
+inline constexpr double split_margin = 0.02;
 
 class SplitDecision
 {
@@ -81,12 +87,15 @@ class SplitDecision
   /// rank's stage splits at all (else nothing to choose: whole).
   void choose(bool used, const std::vector<double>& slowest)
   {
-    std::vector<double> split, whole;
+    std::vector<double> split, whole, ratio;
     for (std::size_t i = 0; i < slowest.size(); ++i) (i % 2 == 0 ? split : whole).push_back(slowest[i]);
+    for (std::size_t i = 0; i + 1 < slowest.size(); i += 2)
+      if (slowest[i + 1] > 0) ratio.push_back(slowest[i] / slowest[i + 1]);
     used_ = used;
     split_seconds_ = median(split);
     whole_seconds_ = median(whole);
-    split_ = used && split_seconds_ < whole_seconds_;
+    ratio_ = ratio.empty() ? 1.0 : median(ratio);
+    split_ = used && ratio_ < 1 - split_margin;
     decided_ = true;
   }
 
@@ -95,15 +104,16 @@ class SplitDecision
   bool split() const { return split_; }
   double split_seconds() const { return split_seconds_; }  ///< median of the split trials (the slowest rank's walk)
   double whole_seconds() const { return whole_seconds_; }  ///< median of the whole-backward trials
+  double ratio() const { return ratio_; }                  ///< median of split / whole over neighbouring trials
 
   /// "mpx: ZB-H1, measured over steps 1-6 ...: keeps the split" (or runs the whole backward).
   std::string message() const
   {
-    char buf[320];
+    char buf[400];
     std::snprintf(buf, sizeof buf,
                   "mpx: ZB-H1's backward, measured over this run's steps 1-%d (the slowest rank's schedule walk, median of %d each): "
-                  "split into I and W %.2f ms, whole in I %.2f ms: %s\n",
-                  2 * trials_, trials_, split_seconds_ * 1e3, whole_seconds_ * 1e3,
+                  "split into I and W %.2f ms, whole in I %.2f ms, split / whole %.3f (the split stays below %.2f): %s\n",
+                  2 * trials_, trials_, split_seconds_ * 1e3, whole_seconds_ * 1e3, ratio_, 1 - split_margin,
                   split_ ? "keeps the split" : "runs the whole backward in I from now on (W does nothing; TrainOptions::split_backward = always forces the split)");
     return buf;
   }
@@ -122,7 +132,7 @@ class SplitDecision
   int trials_;
   std::vector<double> times_;
   bool decided_ = false, split_ = false, used_ = false;
-  double split_seconds_ = 0, whole_seconds_ = 0;
+  double split_seconds_ = 0, whole_seconds_ = 0, ratio_ = 1;
 };
 
 }  // namespace mpx

@@ -3,13 +3,15 @@
 /// @file runtime/stage_optimizers.hpp
 /// `StageOptimizers`: one optimizer per trainable stage this rank holds, as one object (torchtitan's
 /// OptimizersContainer). Each is built over the stage's trainable parameters from its `Optimizer<O>` policy
-/// (AdamW when it has none; none for a `Frozen` stage or one without trainable parameters), or by
+/// (AdamW — `mpx::FusedAdamW`, LibTorch's AdamW with a one-pass CPU step — when it has none; none for a
+/// `Frozen` stage or one without trainable parameters), or by
 /// `TrainOptions::make_optimizer`. `step(lr)` steps every stage at lr × its `lr_scale`; `zero` drops the
 /// gradients (the next backward's first gradient becomes the parameter's gradient as it is: no zero fill,
 /// no add; the host cache makes the fresh buffer cheap); `save` / `load` write and read one stage's
 /// optimizer state.
 
 #include <mpx/optim/adamw8bit.hpp>       // mpx::AdamW8bitOptimizer
+#include <mpx/optim/fused_adamw.hpp>     // mpx::FusedAdamW
 #include <mpx/pipeline.hpp>              // mpx::PipelineType
 #include <mpx/runtime/errors.hpp>        // mpx::config_error
 #include <mpx/runtime/options.hpp>       // mpx::TrainOptions
@@ -102,7 +104,7 @@ class StageOptimizers
     else if constexpr (std::is_same_v<O, AdamW8bit>)
       return std::make_unique<AdamW8bitOptimizer>(trainable, adamw);
     else  // AdamW, also the default for a trainable stage without an Optimizer policy
-      return std::make_unique<torch::optim::AdamW>(trainable, adamw);
+      return std::make_unique<FusedAdamW>(trainable, adamw);
   }
 
   std::vector<double> lr_scale_;
