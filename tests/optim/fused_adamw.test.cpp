@@ -36,12 +36,16 @@ std::vector<at::Tensor> clones(const std::vector<at::Tensor>& ps)
   return out;
 }
 
-/// Sets each parameter's gradient for step `step` (the same in every copy).
+/// Sets each parameter's gradient for step `step` (the same in every copy). The first parameter's
+/// gradient is transposed in memory (a contiguous parameter, a strided gradient of its shape, as `mm`'s
+/// backward can give one).
 void set_grads(std::vector<at::Tensor>& ps, int step)
 {
   for (std::size_t i = 0; i < ps.size(); ++i) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * step + i);
-    ps[i].mutable_grad() = torch::randn(ps[i].sizes(), gen, ps[i].options().requires_grad(false)) * double(i + 1);
+    const auto o = ps[i].options().requires_grad(false);
+    ps[i].mutable_grad() = i == 0 ? torch::randn({ps[i].size(1), ps[i].size(0)}, gen, o).t()
+                                  : torch::randn(ps[i].sizes(), gen, o) * double(i + 1);
   }
 }
 
@@ -85,7 +89,8 @@ TEST_CASE("FusedAdamW takes the one pass only where it can", "[fused_adamw]")
   auto ps = parameters();
   set_grads(ps, 0);
   const torch::optim::AdamWOptions o(1e-3);
-  CHECK(mpx::FusedAdamW::fusable(ps[0], o));
+  CHECK_FALSE(ps[0].grad().is_contiguous());
+  CHECK(mpx::FusedAdamW::fusable(ps[0], o));  // a strided gradient is read through a contiguous copy
   CHECK(mpx::FusedAdamW::fusable(ps[2], o));
   CHECK_FALSE(mpx::FusedAdamW::fusable(ps[3], o));  // strided
   CHECK_FALSE(mpx::FusedAdamW::fusable(ps[4], o));  // double
@@ -128,7 +133,7 @@ TEST_CASE("FusedAdamW's state is LibTorch's: either optimizer resumes the other'
   CHECK(max_relative(again, ours) < 1e-5);
 }
 
-TEST_CASE("FusedAdamW: no gradient, no step; a closure's loss comes back; autograd sees the write", "[fused_adamw]")
+TEST_CASE("FusedAdamW: no gradient, no step, a closure's loss comes back, autograd sees the write", "[fused_adamw]")
 {
   auto w = torch::ones({6}).requires_grad_(true);
   auto unused = torch::ones({6}).requires_grad_(true);

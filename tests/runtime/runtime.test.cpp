@@ -43,8 +43,11 @@ Reference reference(const scenario::Spec& s, long skip_step = -1)
     if (s.sgd)
       optimizers.push_back(std::make_unique<torch::optim::SGD>(
           stages.back()->parameters(), torch::optim::SGDOptions(opt.lr.peak).momentum(opt.momentum).weight_decay(opt.weight_decay)));
-    else
-      optimizers.push_back(std::make_unique<torch::optim::AdamW>(
+    else  // the trainer's AdamW, bit for bit: the attention's key bias has an exact gradient of zero (a
+          // constant shift of a query's scores), so its gradient is rounding noise that Adam scales up to
+          // lr-sized steps; an optimizer one ulp apart (LibTorch's AdamW fuses a multiply-add) changes that
+          // noise from step 1 on. FusedAdamW against LibTorch's AdamW: tests/optim/fused_adamw.test.cpp.
+      optimizers.push_back(std::make_unique<mpx::FusedAdamW>(
           stages.back()->parameters(),
           torch::optim::AdamWOptions(opt.lr.peak).betas({opt.beta1, opt.beta2}).eps(opt.eps).weight_decay(opt.weight_decay)));
   }
