@@ -100,6 +100,32 @@ TEST_CASE("FusedAdamW takes the one pass only where it can", "[fused_adamw]")
   CHECK_FALSE(mpx::FusedAdamW::fusable(h, o));
 }
 
+TEST_CASE("FusedAdamW's pass sums each gradient's squares as it reads them", "[fused_adamw]")
+{
+  auto ps = parameters();
+  auto unused = torch::ones({3}).requires_grad_(true);
+  ps.push_back(unused);
+  mpx::FusedAdamW opt(ps, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  for (int step = 0; step < 2; ++step) {
+    set_grads(ps, step);
+    ps.back().mutable_grad().reset();
+    opt.step();
+    for (std::size_t i = 0; i < 3; ++i) {  // the one pass (a strided gradient, a tail, several grains)
+      const auto sq = opt.stepped_grad_sq(ps[i]);
+      REQUIRE(sq.has_value());
+      const double want = ps[i].grad().to(torch::kDouble).pow(2).sum().item<double>();
+      CHECK(*sq == Approx(want).epsilon(1e-12));
+    }
+    CHECK_FALSE(opt.stepped_grad_sq(ps[3]).has_value());  // strided parameter: the tensor path
+    CHECK_FALSE(opt.stepped_grad_sq(ps[4]).has_value());  // double
+    CHECK_FALSE(opt.stepped_grad_sq(unused).has_value());  // no gradient, no step
+  }
+  ps[0].mutable_grad().reset();  // a later step forgets what the earlier one summed
+  opt.step();
+  CHECK_FALSE(opt.stepped_grad_sq(ps[0]).has_value());
+  CHECK(opt.stepped_grad_sq(ps[1]).has_value());
+}
+
 TEST_CASE("FusedAdamW's state is LibTorch's: either optimizer resumes the other's archive", "[fused_adamw]")
 {
   const auto o = torch::optim::AdamWOptions(1e-2).weight_decay(0.05);

@@ -26,3 +26,21 @@ TEST_CASE("The step's collective reports loss, norm and inf, clip brings the nor
   CHECK(std::isinf(inf.grad_norm));
   CHECK(inf.loss == 0);  // no loss on this rank
 }
+
+TEST_CASE("local_grad_sq takes a whole gradient's sum of squares where one was already taken, and reads the rest", "[rooms][grad_stats]")
+{
+  auto a = torch::zeros({2}).requires_grad_(true), b = torch::zeros({2, 2}).requires_grad_(true);
+  a.mutable_grad() = torch::tensor({3.0f, 0.0f});
+  b.mutable_grad() = torch::tensor({{1.0f, 2.0f}, {3.0f, 4.0f}});
+  // a's sum is given (a value its gradient does not have, so that the test sees which was used); b counted
+  // as rows [1, 2) only, a piece: never taken from the given sums, which are of whole gradients
+  const mpx::StageNormTerms terms{{mpx::NormTerm(a), mpx::NormTerm(b, 0, 1, 1)}};
+  auto given = [&](const at::Tensor& p) { return p.is_same(a) || p.is_same(b) ? std::optional<double>(100.0) : std::nullopt; };
+  CHECK(mpx::local_grad_sq(terms, given) == Approx(100.0 + 9 + 16));
+  CHECK(mpx::local_grad_sq(terms) == Approx(9.0 + 9 + 16));
+  b.mutable_grad().reset();  // no gradient: not counted, not asked
+  CHECK(mpx::local_grad_sq(terms, given) == Approx(100.0));
+  a.mutable_grad()[0] = std::numeric_limits<float>::quiet_NaN();  // a given sum is trusted as it is
+  CHECK(mpx::local_grad_sq(terms, given) == Approx(100.0));
+  CHECK(std::isnan(mpx::local_grad_sq(terms)));
+}

@@ -50,6 +50,24 @@ TEST_CASE("A frozen stage has no optimizer, make_optimizer replaces the policy's
   CHECK(dynamic_cast<mpx::FusedAdamW*>(&mpx::StageOptimizers(set, {}).at(0)) != nullptr);  // the default: LibTorch's AdamW, one pass
 }
 
+TEST_CASE("The default AdamW's step leaves each gradient's sum of squares for the norm, SGD's none", "[rooms][stage_optimizers]")
+{
+  mpx::StageSet<rooms::P1> set(0, torch::kCPU, rooms::make, {});
+  mpx::StageOptimizers opt(set, {});
+  fill_grads(set.parameters(0));
+  opt.step(1e-2);
+  for (auto& p : set.parameters(0)) {
+    const auto sq = opt.stepped_grad_sq(p);
+    REQUIRE(sq.has_value());
+    CHECK(*sq == double(p.numel()));  // gradients of ones
+  }
+  mpx::StageSet<P1Sgd> sgd_set(0, torch::kCPU, rooms::make, {});
+  mpx::StageOptimizers sgd(sgd_set, {});
+  fill_grads(sgd_set.parameters(0));
+  sgd.step(1e-2);
+  CHECK_FALSE(sgd.stepped_grad_sq(sgd_set.parameters(0).front()).has_value());
+}
+
 TEST_CASE("AdamW state saved and loaded continues identically, a corrupt file names itself", "[rooms][stage_optimizers]")
 {
   const std::string dir = test::scratch_dir("mpx-stage-optimizers");

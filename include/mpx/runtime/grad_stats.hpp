@@ -16,6 +16,7 @@
 
 #include <cmath>   // std::isfinite, std::sqrt
 #include <limits>  // std::numeric_limits
+#include <optional>  // std::optional
 #include <string>  // std::string
 #include <utility>  // std::move
 #include <vector>  // std::vector
@@ -46,14 +47,25 @@ struct NormTerm
 using StageNormTerms = std::vector<std::vector<NormTerm>>;  ///< per stage this rank holds, what it counts
 
 /// Sum of squares of this rank's gradients (fp32 norms, squared and summed in double; one host sync). An
-/// inf/NaN anywhere makes it inf/NaN, so one pass finds both.
-inline double local_grad_sq(const StageNormTerms& stages)
+/// inf/NaN anywhere makes it inf/NaN, so one pass finds both. `summed(param)` may give a whole gradient's
+/// sum of squares that was already taken (`StageOptimizers::stepped_grad_sq`: FusedAdamW's pass); those
+/// gradients are not read again.
+template <class Summed>
+double local_grad_sq(const StageNormTerms& stages, Summed&& summed)
 {
+  double sq = 0;
   std::vector<at::Tensor> norms;
   for (auto& ts : stages)
-    for (auto& t : ts)
-      if (t.param.grad().defined()) norms.push_back(t.grad().norm());
-  return norms.empty() ? 0.0 : torch::stack(norms).to(at::kDouble).pow(2).sum().template item<double>();
+    for (auto& t : ts) {
+      if (!t.param.grad().defined()) continue;
+      if (const std::optional<double> known = t.dim < 0 ? summed(t.param) : std::nullopt) sq += *known;
+      else norms.push_back(t.grad().norm());
+    }
+  return norms.empty() ? sq : sq + torch::stack(norms).to(at::kDouble).pow(2).sum().template item<double>();
+}
+inline double local_grad_sq(const StageNormTerms& stages)
+{
+  return local_grad_sq(stages, [](const at::Tensor&) { return std::optional<double>(); });
 }
 inline double local_grad_sq(const StageParameters& stages)
 {

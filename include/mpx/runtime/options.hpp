@@ -52,8 +52,8 @@ struct TrainOptions
   double clip_norm = 0.0;                          ///< global gradient-norm clipping; 0: off
   /// Skip a step whose gradients hold inf/NaN on any rank: the ranks agree before any optimizer steps (a
   /// wait for the slowest rank at every step's end). false, with no clipping and no loss scaler (which need
-  /// the agreement anyway): every rank steps its optimizers as soon as its schedule is done, while the
-  /// step's statistics are all-reduced — reported exactly (StepStats), an inf/NaN as an infinite gradient
+  /// the agreement anyway): every rank steps its optimizers as soon as its schedule is done, then
+  /// all-reduces the step's statistics — reported exactly (StepStats), an inf/NaN as an infinite gradient
   /// norm, but not skipped (plain PyTorch without a GradScaler). Saves that wait on small steps
   /// (benchmarks/smallwork).
   bool skip_nonfinite = true;

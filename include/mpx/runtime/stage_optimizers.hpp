@@ -12,6 +12,7 @@
 
 #include <mpx/optim/adamw8bit.hpp>       // mpx::AdamW8bitOptimizer
 #include <mpx/optim/fused_adamw.hpp>     // mpx::FusedAdamW
+#include <mpx/optim/fused_adamw.hpp>     // mpx::FusedAdamW
 #include <mpx/pipeline.hpp>              // mpx::PipelineType
 #include <mpx/runtime/errors.hpp>        // mpx::config_error
 #include <mpx/runtime/options.hpp>       // mpx::TrainOptions
@@ -20,6 +21,7 @@
 #include <torch/torch.h>  // torch::optim, torch::serialize
 
 #include <memory>  // std::unique_ptr
+#include <optional>  // std::optional
 #include <string>  // std::string
 #include <vector>  // std::vector
 
@@ -56,6 +58,16 @@ class StageOptimizers
       for (auto& g : opt->param_groups()) g.options().set_lr(lr * scale);
       opt->step();
     }
+  }
+
+  /// The sum of the squares of `p`'s gradient as its optimizer's last step read it, where that step summed
+  /// them on the way (a FusedAdamW's one pass); else nothing.
+  std::optional<double> stepped_grad_sq(const at::Tensor& p) const
+  {
+    for (const auto& opt : optimizers_)
+      if (const auto* fused = dynamic_cast<const FusedAdamW*>(opt.get()))
+        if (auto sq = fused->stepped_grad_sq(p)) return sq;
+    return std::nullopt;
   }
 
   /// Drops every gradient of this rank's stages (frozen ones included: a user may have set one); a

@@ -96,11 +96,13 @@ class Trainer
       if (stages_.holds(s)) stages_.sum_partial_gradients(s);  // sequence parallelism, shared key/value heads
     call_before_optimizer();
     if (scaler_.enabled()) unscale(held_, scaler_.scale());
-    // the loss once per replica (tensor-parallel rank 0 of the last slot), each parameter once in the norm
-    auto reduction = start_reduce_step(w_, w_.tp_rank == 0 ? walk.loss_sum : at::Tensor(), local_grad_sq(counted_), step_);
     st.lr = o_.lr(step_);
     const bool agree_first = o_.skip_nonfinite || o_.clip_norm > 0 || scaler_.enabled();
-    if (!agree_first) step_optimizers(st);  // nothing in the update depends on the other ranks: overlap the all-reduce
+    if (!agree_first) step_optimizers(st);  // nothing in the update depends on the other ranks; the norm reads what their passes summed
+    const auto sq = agree_first ? local_grad_sq(counted_)
+                                : local_grad_sq(counted_, [this](const at::Tensor& p) { return optimizers_.stepped_grad_sq(p); });
+    // the loss once per replica (tensor-parallel rank 0 of the last slot), each parameter once in the norm
+    auto reduction = start_reduce_step(w_, w_.tp_rank == 0 ? walk.loss_sum : at::Tensor(), sq, step_);
     const StepReduction red = finish_reduce_step(w_, reduction);
     st.loss = red.loss;
     st.grad_norm = red.grad_norm;
