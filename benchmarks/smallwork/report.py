@@ -12,8 +12,8 @@ import statistics
 import sys
 
 work, ms = sys.argv[1], [int(m) for m in sys.argv[2:]]
-MODES = ["whole", "accumulate", "gpipe", "1f1b", "1f1b-overlap", "1f1b-torch-adamw", "zbh1", "zbh1-split", "handwritten", "py-gpipe", "py-1f1b"]
-MPX = ["gpipe", "1f1b", "1f1b-overlap", "1f1b-torch-adamw", "zbh1", "zbh1-split"]
+MODES = ["whole", "accumulate", "gpipe", "1f1b", "1f1b-gloo", "1f1b-overlap", "1f1b-torch-adamw", "zbh1", "zbh1-split", "handwritten", "py-gpipe", "py-1f1b"]
+MPX = ["gpipe", "1f1b", "1f1b-gloo", "1f1b-overlap", "1f1b-torch-adamw", "zbh1", "zbh1-split"]
 med = statistics.median
 
 raw = collections.defaultdict(dict)  # (m, mode) -> {round: seconds}

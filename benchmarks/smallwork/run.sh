@@ -3,7 +3,8 @@
 # of Linear 512x512 + GELU, AdamW, micro-batches of 8 rows) at m = 2, 4, 8, 16 micro-batches, for one process
 # (the whole batch at once, and accumulating m micro-batches), mpx on two CPU ranks (GPipe, 1F1B, ZB-H1), the
 # hand-written c10d 1F1B program and a plain Python torch.distributed loop (GPipe and 1F1B); 1f1b-overlap is mpx
-# 1F1B with TrainOptions::skip_nonfinite = false (optimizers step while the statistics are all-reduced). One intra-op
+# 1F1B with TrainOptions::skip_nonfinite = false (no end-of-step wait); mpx's ranks pass messages through shared
+# memory, 1f1b-gloo is its 1F1B over Gloo (MPX_SHM=0), as the hand-written program and Python do. One intra-op
 # thread per rank. zbh1 measures whether its split backward pays (the default, TrainOptions::split_backward =
 # measure: 6 trial steps, warm-up for it) and zbh1-split splits at every step. Every round runs every contender at every m, the order rotated from round to round, so
 # that the shared machine's noise hits all alike; the report gives paired ratios (within a round, then the
@@ -18,7 +19,7 @@ bench=$build/benchmarks/smallwork/smallwork_bench
 mpxrun=$build/tools/mpxrun
 py=benchmarks/smallwork/python_pipeline.py
 python=${PYTHON:-/usr/bin/python3}  # Debian's, with python3-torch (a pyenv python3 first on PATH has no torch)
-modes=(whole accumulate gpipe 1f1b 1f1b-overlap 1f1b-torch-adamw zbh1 zbh1-split handwritten py-gpipe py-1f1b)
+modes=(whole accumulate gpipe 1f1b 1f1b-gloo 1f1b-overlap 1f1b-torch-adamw zbh1 zbh1-split handwritten py-gpipe py-1f1b)
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 work=$(mktemp -d)
 : > "$work/split.txt"
@@ -27,6 +28,7 @@ run() {  # <mode> <m>: the contender's output, without rank prefixes
   case $1 in
     handwritten) "$mpxrun" --no-prefix --nproc-per-node 2 "$bench" handwritten "$2" "$steps" ;;
     py-*) "$mpxrun" --no-prefix --nproc-per-node 2 "$python" "$py" "${1#py-}" "$2" "$steps" ;;
+    1f1b-gloo) MPX_SHM=0 "$bench" 1f1b "$2" "$steps" ;;  # mpx 1F1B with its messages over Gloo, as the baselines' are
     *) "$bench" "$1" "$2" "$steps" ;;
   esac | sed 's/^\[rank [0-9]*\] //'
 }
@@ -51,7 +53,7 @@ source benchmarks/results_file.sh && keep_earlier "$out"
   echo "# Small work: mpx against one process, hand-written c10d and a Python loop"
   echo
   echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB"
-  echo "- LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null), $(g++ --version | head -n 1), Python torch $("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null), Gloo over loopback"
+  echo "- LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null), $(g++ --version | head -n 1), Python torch $("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null); mpx: shared memory between its ranks (1f1b-gloo: Gloo over loopback), hand-written and Python: Gloo over loopback"
   echo "- model: 2 x 4 layers of Linear 512x512 + GELU, AdamW (lr 1e-4), loss mean(y^2); micro-batches of 8 rows, m per step; one intra-op thread per rank; clipping off"
   echo "- each run: median step time over $steps steps after 2 warm-up steps (zbh1: 18, its 16 trial steps among them) (pipelines: the slower rank's); $rounds rounds, the contenders' order rotated each round"
   echo

@@ -154,6 +154,17 @@ TEST_CASE("2 slots x 2 chunks interleaved 1F1B match one process", "[runtime][pa
 TEST_CASE("3 slots x 2 chunks interleaved 1F1B match one process", "[runtime][parity]") { check_parity("p3x2-interleaved"); }
 TEST_CASE("2 replicas x 2 slots match one process with the same global batch", "[runtime][parity]") { check_parity("dp2-p2-1f1b"); }
 
+TEST_CASE("Pipeline messages over Gloo (MPX_SHM=0), and through shared-memory rings too small for most of them (MPX_SHM_RING_KB=4: over Gloo, said in the ring), match one process", "[runtime][parity][shm]")
+{
+  // the tests above pass their messages through shared memory (the ranks share this host); a 4 KiB ring
+  // holds one of the tiny model's ~3 KB messages, so GPipe's run of forwards sends the rest over Gloo
+  const std::vector<std::pair<std::string, std::string>> gloo{{"MPX_SHM", "0"}}, tiny_rings{{"MPX_SHM_RING_KB", "4"}};
+  check_parity("p2-1f1b", 1e-5, 1e-5, gloo);
+  check_parity("dp2-p2-1f1b", 1e-5, 1e-5, gloo);
+  check_parity("p2-gpipe", 1e-5, 1e-5, tiny_rings);
+  check_parity("p3-zbh1", 1e-5, 1e-5, tiny_rings);
+}
+
 TEST_CASE("Checkpointed stages under 1F1B match one process", "[runtime][parity][checkpoint]") { check_parity("p2-1f1b-checkpointed"); }
 TEST_CASE("Checkpointed stages under ZB-H1 (split backward) match one process", "[runtime][parity][checkpoint]")
 {
@@ -337,17 +348,21 @@ TEST_CASE("GPU stages without CUDA stop with a message naming the fix", "[runtim
 
 TEST_CASE("A killed rank ends the survivors with an error naming rank step action and peer", "[runtime][errors]")
 {
-  // 3 stages; rank 1 dies at the start of step 2. The message timeout is 10 s.
-  auto res = test::spawn(3, {MPX_RANK_EXE, "kill", "/tmp", "1", "2"}, std::chrono::seconds(90));
-  INFO(all_output(res));
-  CHECK(res[1].code == 3);
-  for (int r : {0, 2}) {
-    CAPTURE(r);
-    CHECK(res[std::size_t(r)].code == 1);
-    CHECK(res[std::size_t(r)].seconds < 45);
-    CHECK(res[std::size_t(r)].output.find("step 2") != std::string::npos);
-    CHECK(res[std::size_t(r)].output.find("peer rank 1") != std::string::npos);
-    CHECK(res[std::size_t(r)].output.find("action") != std::string::npos);
+  // 3 stages; rank 1 dies at the start of step 2. The message timeout is 10 s. Messages through shared
+  // memory (the default here: a waiting rank sees the peer's process gone), then over Gloo.
+  for (const char* shm : {"1", "0"}) {
+    CAPTURE(shm);
+    auto res = test::spawn(3, {MPX_RANK_EXE, "kill", "/tmp", "1", "2"}, std::chrono::seconds(90), {{"MPX_SHM", shm}});
+    INFO(all_output(res));
+    CHECK(res[1].code == 3);
+    for (int r : {0, 2}) {
+      CAPTURE(r);
+      CHECK(res[std::size_t(r)].code == 1);
+      CHECK(res[std::size_t(r)].seconds < 45);
+      CHECK(res[std::size_t(r)].output.find("step 2") != std::string::npos);
+      CHECK(res[std::size_t(r)].output.find("peer rank 1") != std::string::npos);
+      CHECK(res[std::size_t(r)].output.find("action") != std::string::npos);
+    }
   }
 }
 

@@ -15,11 +15,9 @@ mpx::Expect pair_expect() { return mpx::Expect{1, 3, false, {"a", "b"}, "Pair"};
 /// The packed message `send_tensors` would send for `ts`.
 at::Tensor packed_message(const std::vector<at::Tensor>& ts, at::ScalarType wire = at::kFloat)
 {
-  auto sent = mpx::detail::wire_tensors(ts, 1, wire, torch::kCPU);
-  auto h = torch::zeros({mpx::detail::header_size}, torch::kLong);
-  const auto bytes = mpx::detail::encode_header(h.data_ptr<std::int64_t>(), 1, 3, false, ts, sent);
-  h.data_ptr<std::int64_t>()[5] = bytes;
-  return mpx::detail::pack_message(h, sent, bytes);
+  auto m = mpx::detail::make_message(1, 3, false, ts, wire, torch::kCPU);
+  m.header.data_ptr<std::int64_t>()[5] = m.bytes;
+  return mpx::detail::pack_message(m);
 }
 
 std::vector<at::Tensor> receive(const at::Tensor& msg, mpx::Expect e = pair_expect())

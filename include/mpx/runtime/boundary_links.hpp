@@ -7,16 +7,21 @@
 /// `finish_sends` waits until every send of the step has completed. The lane rule: a value for slot d
 /// leaves a rank of tensor-parallel rank k (of its slot's degree t) on the lanes j < degree(d) with
 /// j mod t = k, so each of d's ranks receives exactly one copy, on its own lane (at degree 1 everywhere: one
-/// lane, one send). Over Gloo values travel packed,
+/// lane, one send). Between ranks of one host (CPU messages) values travel packed through a shared-memory
+/// ring per channel and direction (`ShmLinks`, shm_links.hpp): a send is a copy into the ring, a post
+/// records the receive, and `take` reads the channel's messages in the order their receives were posted
+/// (Gloo's matching), copying each out. Otherwise over Gloo values travel packed,
 /// each channel's room (`ChannelSize`, per lane, peer and channel, at both ends) advanced by `next_step` at every
 /// step's start; over NCCL as header + payloads, a `Receiver` thread posting payloads as headers land.
 /// Every failure here — a dead or silent peer, a message that breaks the boundary — is a `peer_error`.
 
-#include <mpx/runtime/errors.hpp>  // mpx::peer_error
-#include <mpx/runtime/wire.hpp>    // mpx::send_tensors, mpx::post_recv, mpx::finish_recv, mpx::Receiver
-#include <mpx/runtime/world.hpp>   // mpx::World
+#include <mpx/runtime/errors.hpp>     // mpx::peer_error
+#include <mpx/runtime/shm_links.hpp>  // mpx::ShmLinks, mpx::ShmRing
+#include <mpx/runtime/wire.hpp>       // mpx::send_tensors, mpx::post_recv, mpx::finish_recv, mpx::Receiver
+#include <mpx/runtime/world.hpp>      // mpx::World
 
 #include <chrono>   // std::chrono::steady_clock
+#include <deque>    // std::deque
 #include <map>      // std::map
 #include <memory>   // std::unique_ptr
 #include <string>   // std::string
@@ -33,7 +38,7 @@ class BoundaryLinks
 
   explicit BoundaryLinks(World& w)
       : pp_(w.pp), lanes_(w.lanes), degree_(w.degree), tp_rank_(w.tp_rank), tp_size_(w.tp_size), comm_(w.comm_device),
-        timeout_(w.timeout), receiver_(packing() ? nullptr : std::make_unique<Receiver>(w.pp, w.timeout))
+        timeout_(w.timeout), shm_(w, packing()), receiver_(packing() ? nullptr : std::make_unique<Receiver>(w.pp, w.timeout))
   {
   }
 
@@ -60,6 +65,12 @@ class BoundaryLinks
   std::unique_ptr<PendingRecv> post(int src, int channel, Expect e, std::string what)
   {
     auto r = std::make_unique<PendingRecv>();
+    guarded([&] { r->ring = shm_.incoming(tp_rank_, src, channel); });
+    if (r->ring) {
+      r->src = src, r->channel = channel, r->expect = std::move(e), r->what = std::move(what);
+      posted_[r->ring].push_back(r.get());
+      return r;
+    }
     guarded([&] {
       post_recv(*r, pp_, src, channel, std::move(e), std::move(what), comm_, packing() ? &received_[{tp_rank_, src, channel}] : nullptr);
     });
@@ -74,7 +85,8 @@ class BoundaryLinks
     const auto w0 = clock::now();
     std::vector<at::Tensor> out;
     guarded([&] {
-      if (receiver_) receiver_->await(*r);
+      if (r->ring) arrive(*r);
+      else if (receiver_) receiver_->await(*r);
       out = finish_recv(pp_, *r, timeout_, like);
     });
     r.reset();
@@ -89,6 +101,10 @@ class BoundaryLinks
     release_completed_sends();
     for (int lane : send_lanes(dst))
       guarded([&] {
+        if (ShmRing* ring = shm_.outgoing(lane, dst, channel)) {
+          send_shm(*ring, lanes_[std::size_t(lane)], dst, channel, detail::make_message(stage, mb, gradient, ts, wire, comm_), what);
+          return;
+        }
         sends_.push_back(send_tensors(lanes_[std::size_t(lane)], dst, channel, stage, mb, gradient, ts, wire, what, comm_,
                                       packing() ? &sent_[{lane, dst, channel}] : nullptr));
       });
@@ -124,6 +140,53 @@ class BoundaryLinks
   }
 
  private:
+  /// A same-host channel: the message packed straight into the ring, or — when the ring has no room for
+  /// it — a frame saying so, and the packed message over Gloo (the receiver receives it there).
+  void send_shm(ShmRing& ring, ProcessGroupPtr& pg, int dst, int channel, detail::OutgoingMessage m, const std::string& what)
+  {
+    m.header.data_ptr<std::int64_t>()[5] = m.bytes;
+    const auto total = std::uint64_t(detail::header_bytes + m.bytes);
+    const bool inline_sent = ring.try_write(total, [&](auto put) {
+      detail::for_each_packed_piece(m, [&](const void* src, std::int64_t n) {
+        static constexpr std::uint8_t zeros[detail::align] = {};
+        put(src != nullptr ? src : zeros, std::uint64_t(n));
+      });
+    });
+    if (inline_sent) return;
+    ring.write_over_group(total, what);
+    PendingSend p;
+    p.what = what;
+    std::vector<at::Tensor> v{detail::pack_message(m)};
+    p.works.push_back(pg->send(v, dst, detail::header_tag(channel)));
+    p.keep = std::move(v);
+    sends_.push_back(std::move(p));
+  }
+
+  /// Reads ring messages into the receives posted on it, oldest first, until `r` has its own; then
+  /// checks its header (post_payloads: packed, so nothing more to receive).
+  void arrive(PendingRecv& r)
+  {
+    auto& queue = posted_[r.ring];
+    for (bool mine = false; !mine;) {
+      if (queue.empty()) throw peer_error(r.what + ": taken twice, or never posted (mpx bug)");
+      PendingRecv& next = *queue.front();
+      queue.pop_front();
+      bool over = false;
+      std::uint64_t bytes = 0;
+      next.header = next.ring->read(over, bytes, next.what);
+      if (over) {  // this one came over Gloo
+        next.header = torch::empty({std::int64_t(bytes)}, torch::kByte);
+        std::vector<at::Tensor> v{next.header};
+        pp_->recv(v, next.src, detail::header_tag(next.channel))->wait(timeout_);
+      }
+      if (next.header.numel() < detail::header_bytes)
+        throw peer_error(next.what + ": a message of " + std::to_string(next.header.numel()) + " bytes, shorter than its header (" +
+                         std::to_string(detail::header_bytes) + ")");
+      detail::post_payloads(pp_, next);
+      mine = &next == &r;
+    }
+  }
+
   /// Runs `f`; any failure but a configuration error becomes a peer_error.
   template <class F>
   static void guarded(F&& f)
@@ -146,6 +209,8 @@ class BoundaryLinks
   torch::Device comm_;
   std::chrono::milliseconds timeout_;
   std::map<std::tuple<int, int, int>, ChannelSize> sent_, received_;  // per (lane, peer slot, channel): the room for packed payloads
+  ShmLinks shm_;                                                      // same-host channels
+  std::map<ShmRing*, std::deque<PendingRecv*>> posted_;               // per ring, receives posted and not yet read into
   std::vector<PendingSend> sends_;
   std::unique_ptr<Receiver> receiver_;  // last: stops before the receives it points at are gone
 };

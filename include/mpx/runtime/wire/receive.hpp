@@ -25,6 +25,8 @@
 namespace mpx
 {
 
+class ShmRing;
+
 /// The receiving side of one message. The header receive (with room for a packed payload) is posted at
 /// once; payloads that follow separately are posted as soon as the header is there — by a `Receiver`
 /// thread (receiver.hpp), so that they flow while the rank computes, or by `finish_recv`.
@@ -43,6 +45,7 @@ struct PendingRecv
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   torch::Device comm{torch::kCPU};  ///< where the buffers live (the NCCL device, or CPU for Gloo)
   ChannelSize* size = nullptr;      ///< the channel's record at this end, when packing
+  ShmRing* ring = nullptr;          ///< a same-host channel's ring (shm_links.hpp): nothing posted; the message read from it
 };
 
 /// Posts the header receive of a message into `r`. With `size` (the channel's record at this end; CPU

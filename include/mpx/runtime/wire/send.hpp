@@ -49,18 +49,48 @@ inline std::vector<at::Tensor> wire_tensors(const std::vector<at::Tensor>& ts, i
   return out;
 }
 
-/// One message of header and payload, each tensor at an aligned offset after the header.
-inline at::Tensor pack_message(const at::Tensor& header, const std::vector<at::Tensor>& payload, std::int64_t bytes)
+/// A boundary message before it travels: its header, the tensors as they travel, their packed size.
+struct OutgoingMessage
 {
-  auto msg = torch::empty({header_bytes + bytes}, torch::kByte);
-  auto* out = msg.data_ptr<std::uint8_t>();
-  std::memcpy(out, header.data_ptr(), header_size * sizeof(std::int64_t));
-  std::int64_t off = header_bytes;
-  for (auto& x : payload) {
+  at::Tensor header;  ///< int64 [header_size]
+  std::vector<at::Tensor> payload;
+  std::int64_t bytes = 0;  ///< the payload packed (each tensor aligned)
+};
+
+inline OutgoingMessage make_message(int stage, int mb, bool gradient, const std::vector<at::Tensor>& ts, at::ScalarType wire, torch::Device comm)
+{
+  OutgoingMessage m;
+  m.payload = wire_tensors(ts, stage, wire, comm);
+  m.header = torch::zeros({header_size}, torch::kLong);
+  m.bytes = encode_header(m.header.data_ptr<std::int64_t>(), stage, mb, gradient, ts, m.payload);
+  return m;
+}
+
+/// The packed message's bytes in order — header, then each tensor at an aligned offset — as calls
+/// put(source, n) (a null source: n bytes of padding, any value).
+template <class Put>
+void for_each_packed_piece(const OutgoingMessage& m, Put&& put)
+{
+  const auto header_used = std::int64_t(header_size * sizeof(std::int64_t));
+  put(m.header.data_ptr(), header_used);
+  put(nullptr, header_bytes - header_used);
+  for (auto& x : m.payload) {
     if (!x.defined()) continue;
-    if (x.nbytes() > 0) std::memcpy(out + off, x.data_ptr(), x.nbytes());
-    off += aligned(std::int64_t(x.nbytes()));
+    const auto n = std::int64_t(x.nbytes());
+    if (n > 0) put(x.data_ptr(), n);
+    put(nullptr, aligned(n) - n);
   }
+}
+
+/// One message of header and payload, packed (`m.header`'s packed-bytes field set).
+inline at::Tensor pack_message(const OutgoingMessage& m)
+{
+  auto msg = torch::empty({header_bytes + m.bytes}, torch::kByte);
+  auto* out = msg.data_ptr<std::uint8_t>();
+  for_each_packed_piece(m, [&](const void* src, std::int64_t n) {
+    if (src != nullptr && n > 0) std::memcpy(out, src, std::size_t(n));
+    out += n;
+  });
   return msg;
 }
 }  // namespace detail
@@ -77,11 +107,11 @@ inline PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int s
   using namespace detail;
   PendingSend p;
   p.what = std::move(what);
-  const std::vector<at::Tensor> payload = wire_tensors(ts, stage, wire, comm);
-  auto h = torch::zeros({header_size}, torch::kLong);
-  const std::int64_t bytes = encode_header(h.data_ptr<std::int64_t>(), stage, mb, gradient, ts, payload);
+  OutgoingMessage m = make_message(stage, mb, gradient, ts, wire, comm);
+  const std::int64_t bytes = m.bytes;
   const bool packed = size != nullptr && comm.type() == torch::kCPU && bytes <= size->room;
   if (size) size->largest = std::max(size->largest, bytes);
+  const at::Tensor& h = m.header;
   h.data_ptr<std::int64_t>()[5] = packed ? bytes : -1;
   auto post = [&](at::Tensor t, int tag) {
     std::vector<at::Tensor> v{t};
@@ -89,11 +119,11 @@ inline PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int s
     p.keep.push_back(std::move(t));
   };
   if (packed) {
-    post(pack_message(h, payload, bytes), header_tag(channel));
+    post(pack_message(m), header_tag(channel));
     return p;
   }
   post(comm.type() == torch::kCPU ? h : h.to(comm), header_tag(channel));  // NCCL sends device tensors only
-  for (auto& x : payload)
+  for (auto& x : m.payload)
     if (x.defined() && x.numel() > 0) post(x, payload_tag(channel));
   return p;
 }

@@ -1,0 +1,275 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file runtime/wire/shm_ring.hpp
+/// `ShmRing`: one direction of one pipeline channel between two ranks on the same host, as a
+/// single-producer single-consumer byte ring in POSIX shared memory. The sender copies a packed boundary
+/// message (format.hpp) straight into the ring and goes on — no socket, no helper thread, no hand-shake
+/// with the receiver — and the receiver copies it out into a tensor of its own. A frame is an 8-byte word
+/// (the message's length, or `over_group`), then the message padded to 8 bytes. A message that does not
+/// fit the ring's free space (less a reserve) is not waited for: its frame says "over the group" and the
+/// message goes over Gloo as a packed message (boundary_links.hpp), so sends never wait on a ring and a
+/// schedule that is deadlock-free over Gloo is deadlock-free here.
+///
+/// The segment's pages are allocated and mapped when it is opened (a fresh page of shared memory costs a
+/// fault on each side the first time a frame reaches it: ~50 µs for a 16 KB message before this), so a
+/// ring holds its whole size in memory from the start, and a /dev/shm without room for it is a
+/// `config_error` at its first message, not a SIGBUS later.
+///
+/// Waits spin for a while (`MPX_SHM_SPIN_US`, default 50 µs), then sleep on a futex in the mapping,
+/// looking every 20 ms whether the peer's process still exists; a dead peer, or the run's timeout, ends
+/// the wait with a `peer_error` naming the peer. Both ends open the segment by name (`O_CREAT`: whichever
+/// comes first creates it, zero-filled, which is an empty ring); the receiver unlinks the name when the
+/// first frame has arrived (the sender has mapped it by then) or when it closes, so a finished run leaves
+/// nothing in /dev/shm (a receiver killed before its first frame leaves its ring's name, a few pages).
+/// Names carry a random token per run (`ShmLinks`), so a ring left by a killed run is never read by a
+/// later one.
+
+#include <mpx/runtime/errors.hpp>  // mpx::peer_error, mpx::config_error
+
+#include <torch/torch.h>  // torch::empty
+
+#include <fcntl.h>        // O_CREAT, O_RDWR, posix_fallocate
+#include <linux/futex.h>  // FUTEX_WAIT, FUTEX_WAKE
+#include <signal.h>       // kill
+#include <sys/mman.h>     // mmap, shm_open, shm_unlink
+#include <sys/syscall.h>  // SYS_futex
+#include <unistd.h>       // ftruncate, close, getpid
+
+#include <algorithm>  // std::min
+#include <atomic>   // std::atomic
+#include <cerrno>   // errno, ESRCH
+#include <chrono>   // std::chrono
+#include <cstdint>  // std::uint64_t
+#include <cstring>  // std::memcpy, std::strerror
+#include <string>   // std::string
+
+#if defined(__SSE2__)
+#include <emmintrin.h>  // _mm_pause
+#endif
+
+namespace mpx
+{
+
+namespace detail
+{
+/// The ring's control block, at the start of the mapping; each end writes its own cache line.
+struct ShmRingControl
+{
+  alignas(64) std::atomic<std::uint64_t> written;  ///< bytes the sender has published (monotonic)
+  std::atomic<std::uint32_t> written_seq;           ///< futex word: bumped at each publish
+  std::atomic<std::uint32_t> reader_sleeping;
+  std::atomic<std::int32_t> sender_pid;
+  alignas(64) std::atomic<std::uint64_t> read;  ///< bytes the receiver has consumed (monotonic)
+  std::atomic<std::uint32_t> read_seq;          ///< futex word: bumped at each consume
+  std::atomic<std::uint32_t> writer_sleeping;
+  std::atomic<std::int32_t> receiver_pid;
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free,
+              "mpx: the shared-memory ring needs lock-free atomics (address-free across processes)");
+inline constexpr std::size_t ring_data_offset = 4096;
+
+inline long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t val, const timespec* t)
+{
+  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, val, t, nullptr, 0);
+}
+
+inline void cpu_relax()
+{
+#if defined(__SSE2__)
+  _mm_pause();
+#endif
+}
+}  // namespace detail
+
+class ShmRing
+{
+ public:
+  using clock = std::chrono::steady_clock;
+  /// A frame word saying that the message travels over the group instead (its length in the low bits).
+  static constexpr std::uint64_t over_group = std::uint64_t(1) << 63;
+  /// The smallest ring, in bytes.
+  static constexpr std::uint64_t min_capacity = 4 * 1024;
+
+  enum class End { sender, receiver };
+
+  /// Opens (creating if needed) the ring `name` of `capacity` data bytes (a power of two) at one end;
+  /// `peer` names the other end in errors.
+  ShmRing(std::string name, std::uint64_t capacity, End end, std::string peer, std::chrono::milliseconds timeout, std::chrono::microseconds spin)
+      : name_(std::move(name)), capacity_(capacity), end_(end), peer_(std::move(peer)), timeout_(timeout), spin_(spin)
+  {
+    if (capacity_ < min_capacity || (capacity_ & (capacity_ - 1)) != 0)
+      throw config_error("mpx: a shared-memory ring of " + std::to_string(capacity_) + " bytes: MPX_SHM_RING_KB must be a power of two of at least 4");
+    const int fd = ::shm_open(name_.c_str(), O_CREAT | O_RDWR, 0600);
+    if (fd < 0) throw config_error(os_error("cannot open the shared-memory segment"));
+    const std::size_t total = detail::ring_data_offset + capacity_;
+    // the pages are allocated here, where a full /dev/shm is an error, not at a later touch (SIGBUS)
+    const int full = ::ftruncate(fd, off_t(total)) == 0 ? ::posix_fallocate(fd, 0, off_t(total)) : errno;
+    void* p = full == 0 ? ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0) : MAP_FAILED;
+    const int err = full != 0 ? full : errno;
+    ::close(fd);
+    if (p == MAP_FAILED) {
+      errno = err;
+      throw config_error(os_error("cannot place a ring of " + std::to_string(total) + " bytes in /dev/shm") +
+                         " (or free /dev/shm, give the container more of it, e.g. docker --shm-size, or lower MPX_SHM_RING_KB)");
+    }
+    base_ = static_cast<std::uint8_t*>(p);
+    ctl_ = reinterpret_cast<detail::ShmRingControl*>(base_);
+    data_ = base_ + detail::ring_data_offset;
+    (end_ == End::sender ? ctl_->sender_pid : ctl_->receiver_pid).store(std::int32_t(::getpid()), std::memory_order_release);
+  }
+  ShmRing(const ShmRing&) = delete;
+  ShmRing& operator=(const ShmRing&) = delete;
+  ~ShmRing()
+  {
+    ::munmap(base_, detail::ring_data_offset + capacity_);
+    if (end_ == End::receiver && !unlinked_) unlink();  // only the receiver: a sender gone first must not take unread frames with it
+  }
+
+  /// Writes a frame of `bytes` message bytes that `fill(put)` copies in, calling put(source, n) in order,
+  /// if it fits the free space less a reserve of capacity / 16 (room for capacity / 128 "over the group"
+  /// frames); returns whether it did.
+  template <class Fill>
+  bool try_write(std::uint64_t bytes, Fill&& fill)
+  {
+    const std::uint64_t need = 8 + pad(bytes);
+    const std::uint64_t w = ctl_->written.load(std::memory_order_relaxed);
+    if (capacity_ - (w - ctl_->read.load(std::memory_order_acquire)) < need + capacity_ / 16) return false;
+    std::uint64_t at = w;
+    copy_in(at, &bytes, 8);
+    fill([&](const void* src, std::uint64_t n) { copy_in(at, src, n); });
+    publish(w + need);
+    return true;
+  }
+
+  /// Writes a frame saying that a message of `bytes` goes over the group (waits only if the ring holds
+  /// more than capacity / 128 unread frames).
+  void write_over_group(std::uint64_t bytes, const std::string& what)
+  {
+    const std::uint64_t w = ctl_->written.load(std::memory_order_relaxed);
+    wait_until([&] { return capacity_ - (w - ctl_->read.load(std::memory_order_acquire)) >= 8; }, ctl_->read_seq, ctl_->writer_sleeping,
+               ctl_->receiver_pid, what + ": the shared-memory ring is full (the receiver takes nothing)");
+    std::uint64_t at = w;
+    const std::uint64_t word = over_group | bytes;
+    copy_in(at, &word, 8);
+    publish(w + 8);
+  }
+
+  /// The next frame: a message as a fresh byte tensor (`over` false), or the length of one that comes
+  /// over the group (`over` true, an empty tensor). Waits for it (see the file comment).
+  at::Tensor read(bool& over, std::uint64_t& over_bytes, const std::string& what)
+  {
+    const std::uint64_t r = ctl_->read.load(std::memory_order_relaxed);
+    wait_until([&] { return ctl_->written.load(std::memory_order_acquire) - r >= 8; }, ctl_->written_seq, ctl_->reader_sleeping,
+               ctl_->sender_pid, what + ": nothing arrived");
+    std::uint64_t word = 0, at = r;
+    copy_out(at, &word, 8);
+    over = (word & over_group) != 0;
+    const std::uint64_t bytes = word & ~over_group;
+    const std::uint64_t avail = ctl_->written.load(std::memory_order_acquire) - r;
+    if (over) {
+      if (bytes > (std::uint64_t(1) << 40)) throw peer_error(what + ": the shared-memory ring " + name_ + " announces a message of " + std::to_string(bytes) + " bytes (corrupt); restart the run");
+      over_bytes = bytes;
+      consume(r + 8);
+      return {};
+    }
+    if (bytes > capacity_ || 8 + pad(bytes) > avail)
+      throw peer_error(what + ": the shared-memory ring " + name_ + " holds a frame of " + std::to_string(bytes) +
+                       " bytes that it cannot hold (corrupt, or written by another program); restart the run");
+    at::Tensor msg = torch::empty({std::int64_t(bytes)}, torch::kByte);
+    copy_out(at, msg.data_ptr<std::uint8_t>(), bytes);
+    consume(r + 8 + pad(bytes));
+    if (!unlinked_) unlink();  // the sender has mapped it: the name can go
+    return msg;
+  }
+
+  const std::string& name() const { return name_; }
+
+ private:
+  static std::uint64_t pad(std::uint64_t n) { return (n + 7) & ~std::uint64_t(7); }
+
+  void copy_in(std::uint64_t& at, const void* src, std::uint64_t n)
+  {
+    const std::uint64_t off = at & (capacity_ - 1), first = std::min(n, capacity_ - off);
+    if (n) std::memcpy(data_ + off, src, first);
+    if (first < n) std::memcpy(data_, static_cast<const std::uint8_t*>(src) + first, n - first);
+    at += n;
+  }
+  void copy_out(std::uint64_t& at, void* dst, std::uint64_t n) const
+  {
+    const std::uint64_t off = at & (capacity_ - 1), first = std::min(n, capacity_ - off);
+    if (n) std::memcpy(dst, data_ + off, first);
+    if (first < n) std::memcpy(static_cast<std::uint8_t*>(dst) + first, data_, n - first);
+    at += n;
+  }
+
+  void publish(std::uint64_t w)
+  {
+    ctl_->written.store(w, std::memory_order_release);
+    ctl_->written_seq.fetch_add(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (ctl_->reader_sleeping.load(std::memory_order_seq_cst)) detail::futex(&ctl_->written_seq, FUTEX_WAKE, 1, nullptr);
+  }
+  void consume(std::uint64_t r)
+  {
+    ctl_->read.store(r, std::memory_order_release);
+    ctl_->read_seq.fetch_add(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (ctl_->writer_sleeping.load(std::memory_order_seq_cst)) detail::futex(&ctl_->read_seq, FUTEX_WAKE, 1, nullptr);
+  }
+
+  /// Waits until `ready()`: spins, then sleeps on `seq` (announcing it in `sleeping`), checking the peer
+  /// process (`peer_pid`) and the deadline every 20 ms.
+  template <class Ready>
+  void wait_until(Ready&& ready, std::atomic<std::uint32_t>& seq, std::atomic<std::uint32_t>& sleeping, const std::atomic<std::int32_t>& peer_pid,
+                  const std::string& what)
+  {
+    if (ready()) return;
+    const auto start = clock::now();
+    while (clock::now() - start < spin_)
+      for (int i = 0; i < 64; ++i) {
+        if (ready()) return;
+        detail::cpu_relax();
+      }
+    const timespec slice{0, 20'000'000};
+    for (;;) {
+      const std::uint32_t seen = seq.load(std::memory_order_seq_cst);
+      sleeping.store(1, std::memory_order_seq_cst);
+      std::atomic_thread_fence(std::memory_order_seq_cst);  // the store above before ready()'s load (the other end: publish)
+      if (ready()) break;
+      detail::futex(&seq, FUTEX_WAIT, seen, &slice);
+      sleeping.store(0, std::memory_order_seq_cst);
+      if (ready()) return;
+      const std::int32_t pid = peer_pid.load(std::memory_order_acquire);
+      if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH)
+        throw peer_error(what + " from " + peer_ + ", whose process (pid " + std::to_string(pid) + ") has exited");
+      if (clock::now() - start > timeout_)
+        throw peer_error(what + " from " + peer_ + " within " + std::to_string(timeout_.count()) + " ms (a stopped or stuck peer)");
+    }
+    sleeping.store(0, std::memory_order_seq_cst);
+  }
+
+  void unlink()
+  {
+    ::shm_unlink(name_.c_str());  // ENOENT: the other end did it
+    unlinked_ = true;
+  }
+
+  std::string os_error(const std::string& what) const
+  {
+    return "mpx: " + what + " " + name_ + " (" + std::strerror(errno) + ") for the channel to/from " + peer_ +
+           "; set MPX_SHM=0 to send pipeline messages over Gloo instead";
+  }
+
+  std::string name_;
+  std::uint64_t capacity_;
+  End end_;
+  std::string peer_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::microseconds spin_;
+  std::uint8_t* base_ = nullptr;
+  detail::ShmRingControl* ctl_ = nullptr;
+  std::uint8_t* data_ = nullptr;
+  bool unlinked_ = false;
+};
+
+}  // namespace mpx

@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests for mpx/runtime/wire/shm_ring.hpp (and shm_links.hpp's settings): frames written at one end read
+// back at the other, across the ring's wrap; a message without room says "over the group" instead; a wait
+// ends in a named peer_error when the peer is gone (a real child process that exits) or silent; a corrupt
+// frame is a peer_error; the name is gone from /dev/shm after the first frame. Both ends in one process,
+// except the dead peer's.
+#include "support/rooms.hpp"
+
+#include <mpx/runtime/shm_links.hpp>
+
+#include <sys/wait.h>  // waitpid
+#include <unistd.h>    // fork
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+namespace
+{
+using mpx::ShmRing;
+using namespace std::chrono_literals;
+
+std::string ring_name(const std::string& what) { return "/mpx-test-" + what + "-" + std::to_string(::getpid()); }
+
+ShmRing open_end(const std::string& name, ShmRing::End end, std::uint64_t capacity = 64 * 1024, std::chrono::milliseconds timeout = 2000ms)
+{
+  return ShmRing(name, capacity, end, end == ShmRing::End::sender ? "rank 1" : "rank 0", timeout, 20us);
+}
+
+/// Writes `n` bytes counting up from `first`; returns whether it went inline.
+bool write_bytes(ShmRing& ring, std::uint64_t n, std::uint8_t first)
+{
+  std::vector<std::uint8_t> v(n);
+  for (std::uint64_t i = 0; i < n; ++i) v[i] = std::uint8_t(first + i);
+  return ring.try_write(n, [&](auto put) {
+    put(v.data(), n / 2);  // in two pieces, as a header and a tensor come
+    put(v.data() + n / 2, n - n / 2);
+  });
+}
+
+void check_bytes(const at::Tensor& msg, std::uint64_t n, std::uint8_t first)
+{
+  REQUIRE(std::uint64_t(msg.numel()) == n);
+  const auto* p = msg.data_ptr<std::uint8_t>();
+  for (std::uint64_t i = 0; i < n; ++i)
+    if (p[i] != std::uint8_t(first + i)) FAIL("byte " << i << " differs");
+}
+
+at::Tensor read_inline(ShmRing& ring)
+{
+  bool over = true;
+  std::uint64_t bytes = 0;
+  auto msg = ring.read(over, bytes, "RF0 of stage 1");
+  CHECK_FALSE(over);
+  return msg;
+}
+}  // namespace
+
+TEST_CASE("A shared-memory ring carries frames in order across its wrap, and lets go of its name after the first", "[rooms][shm]")
+{
+  const auto name = ring_name("order");
+  auto rx = open_end(name, ShmRing::End::receiver);
+  auto tx = open_end(name, ShmRing::End::sender);
+  CHECK(std::filesystem::exists("/dev/shm" + name));
+  // 64 KiB ring: frames of 20,001 bytes wrap every third or so; odd sizes test the padding
+  for (int i = 0; i < 40; ++i) {
+    REQUIRE(write_bytes(tx, 20001, std::uint8_t(i)));
+    check_bytes(read_inline(rx), 20001, std::uint8_t(i));
+    if (i == 0) CHECK_FALSE(std::filesystem::exists("/dev/shm" + name));  // unlinked by the receiver: nothing left behind
+  }
+  REQUIRE(write_bytes(tx, 7, 1));  // two unread at once
+  REQUIRE(write_bytes(tx, 9, 2));
+  check_bytes(read_inline(rx), 7, 1);
+  check_bytes(read_inline(rx), 9, 2);
+}
+
+TEST_CASE("A message the ring has no room for becomes an over-the-group frame, never a wait", "[rooms][shm]")
+{
+  const auto name = ring_name("over");
+  auto rx = open_end(name, ShmRing::End::receiver);
+  auto tx = open_end(name, ShmRing::End::sender);
+  CHECK_FALSE(write_bytes(tx, 64 * 1024, 0));  // larger than the ring less its reserve
+  REQUIRE(write_bytes(tx, 32000, 3));
+  CHECK_FALSE(write_bytes(tx, 32000, 4));  // the first is unread: no room for a second
+  tx.write_over_group(32000, "SF1 of stage 1");
+  check_bytes(read_inline(rx), 32000, 3);
+  bool over = false;
+  std::uint64_t bytes = 0;
+  CHECK_FALSE(rx.read(over, bytes, "RF1").defined());
+  CHECK(over);
+  CHECK(bytes == 32000);
+  REQUIRE(write_bytes(tx, 32000, 5));  // room again
+  check_bytes(read_inline(rx), 32000, 5);
+}
+
+TEST_CASE("A ring wait ends with a named error: a silent peer at the timeout, a dead one at once, a corrupt frame", "[rooms][shm]")
+{
+  {
+    const auto name = ring_name("silent");
+    auto tx = open_end(name, ShmRing::End::sender);
+    auto rx = open_end(name, ShmRing::End::receiver, 64 * 1024, 200ms);
+    CHECK_THROWS_WITH(read_inline(rx), Catch::Contains("nothing arrived from rank 0 within 200 ms"));
+  }
+  {
+    const auto name = ring_name("dead");
+    auto rx = open_end(name, ShmRing::End::receiver, 64 * 1024, 60000ms);
+    const pid_t child = ::fork();
+    if (child == 0) {  // the peer: opens the ring as the sender, writes nothing, exits
+      { auto tx = open_end(name, ShmRing::End::sender); }
+      ::_exit(0);
+    }
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH(read_inline(rx), Catch::Contains("whose process (pid " + std::to_string(child) + ") has exited"));
+    CHECK(std::chrono::steady_clock::now() - t0 < 5s);  // not the minute's timeout
+  }
+  {
+    const auto name = ring_name("corrupt");
+    auto rx = open_end(name, ShmRing::End::receiver);
+    auto tx = open_end(name, ShmRing::End::sender);
+    REQUIRE(write_bytes(tx, 100, 0));
+    // overwrite the frame's length word as another program might: more than the ring holds
+    const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
+    REQUIRE(fd >= 0);
+    void* p = ::mmap(nullptr, mpx::detail::ring_data_offset + 8, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    const std::uint64_t bad = std::uint64_t(1) << 40;
+    std::memcpy(static_cast<std::uint8_t*>(p) + mpx::detail::ring_data_offset, &bad, 8);
+    ::munmap(p, mpx::detail::ring_data_offset + 8);
+    CHECK_THROWS_AS(read_inline(rx), mpx::peer_error);
+  }
+}
+
+TEST_CASE("Shared-memory settings: MPX_SHM takes 0 or 1, a ring size must be a power of two of at least 4 KiB", "[rooms][shm]")
+{
+  ::setenv("MPX_SHM", "0", 1);
+  CHECK_FALSE(mpx::ShmLinks::enabled());
+  ::setenv("MPX_SHM", "yes", 1);
+  CHECK_THROWS_WITH(mpx::ShmLinks::enabled(), Catch::Contains("set it to 1") && Catch::Contains("or 0"));
+  ::unsetenv("MPX_SHM");
+  CHECK(mpx::ShmLinks::enabled());
+  CHECK_THROWS_WITH(open_end(ring_name("size"), ShmRing::End::sender, 100 * 1024), Catch::Contains("MPX_SHM_RING_KB must be a power of two"));
+  CHECK_FALSE(mpx::detail::host_identity().empty());  // Linux says boot id and namespaces
+}
