@@ -162,12 +162,13 @@ class BoundaryLinks
     sends_.push_back(std::move(p));
   }
 
-  /// Reads ring messages into the receives posted on it, oldest first, until `r` has its own; then
-  /// checks its header (post_payloads: packed, so nothing more to receive).
+  /// Reads ring messages into the receives posted on it, oldest first, until `r` has its own (it may have
+  /// it already: an earlier take read past it), checking each header as it lands (post_payloads: packed,
+  /// so nothing more to receive).
   void arrive(PendingRecv& r)
   {
     auto& queue = posted_[r.ring];
-    for (bool mine = false; !mine;) {
+    while (!r.header.defined()) {
       if (queue.empty()) throw peer_error(r.what + ": taken twice, or never posted (mpx bug)");
       PendingRecv& next = *queue.front();
       queue.pop_front();
@@ -183,7 +184,6 @@ class BoundaryLinks
         throw peer_error(next.what + ": a message of " + std::to_string(next.header.numel()) + " bytes, shorter than its header (" +
                          std::to_string(detail::header_bytes) + ")");
       detail::post_payloads(pp_, next);
-      mine = &next == &r;
     }
   }
 
