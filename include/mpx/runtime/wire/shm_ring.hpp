@@ -182,8 +182,6 @@ class ShmRing
     return msg;
   }
 
-  const std::string& name() const { return name_; }
-
  private:
   static std::uint64_t pad(std::uint64_t n) { return (n + 7) & ~std::uint64_t(7); }
 
