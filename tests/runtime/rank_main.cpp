@@ -145,6 +145,16 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
       if (stage == at_stage && step == at_step) params.front().mutable_grad().view(-1)[0] = std::numeric_limits<float>::infinity();
     };
   }
+  if (const char* at = std::getenv("MPX_TEST_EXIT_BEFORE_SUM")) {  // "rank,step": that rank's process ends after its walk of that step
+    const int at_rank = std::atoi(at), at_step = std::atoi(std::strchr(at, ',') + 1);
+    options.before_optimizer = [=](int, long step, const std::vector<at::Tensor>&) {
+      if (env.rank == at_rank && step == at_step) {
+        std::cerr << "rank " << env.rank << " dies before the end-of-step sum (test)\n";
+        std::fflush(nullptr);
+        ::_exit(3);
+      }
+    };
+  }
   // tiny_tp::loss: vocabulary-split logits under tensor parallelism, torch's cross-entropy otherwise
   using Trainer = mpx::Trainer<P, tiny::Batch>;
   auto input = [](const tiny::Batch& b) { return b.tokens; };

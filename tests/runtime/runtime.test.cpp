@@ -366,6 +366,26 @@ TEST_CASE("A killed rank ends the survivors with an error naming rank step actio
   }
 }
 
+TEST_CASE("A rank killed after its walk ends the survivors in the end-of-step sum with an error naming step and sum", "[runtime][errors]")
+{
+  // 3 stages; rank 1's process ends after its walk of step 2, before the sum of loss and norm: through shared
+  // memory the survivors see its process gone (and name it), over Gloo its connection close
+  for (const char* shm : {"1", "0"}) {
+    CAPTURE(shm);
+    auto res = test::spawn(3, {MPX_RANK_EXE, "kill", "/tmp"}, std::chrono::seconds(90), {{"MPX_SHM", shm}, {"MPX_TEST_EXIT_BEFORE_SUM", "1,2"}});
+    INFO(all_output(res));
+    CHECK(res[1].code == 3);
+    for (int r : {0, 2}) {
+      CAPTURE(r);
+      CHECK(res[std::size_t(r)].code == 1);
+      CHECK(res[std::size_t(r)].seconds < 45);
+      CHECK(res[std::size_t(r)].output.find("step 2") != std::string::npos);
+      CHECK(res[std::size_t(r)].output.find("end-of-step") != std::string::npos);
+      if (std::string(shm) == "1") CHECK(res[std::size_t(r)].output.find("rank 1's process") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("Messages whose layout changes (shape, wire dtype, absent and empty fields) arrive intact", "[runtime][wire]")
 {
   auto res = test::spawn(2, {MPX_RANK_EXE, "wire", "/tmp"}, std::chrono::seconds(60));

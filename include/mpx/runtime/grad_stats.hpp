@@ -7,9 +7,12 @@
 /// loss (last stage, mean over replicas), the squared global gradient norm (each stage counted once per
 /// replica: replicas hold equal gradients after their all-reduce) and the number of ranks that saw an
 /// inf/NaN, so that every rank makes the same skip decision — and `clip` scales the gradients so that the
-/// global norm is at most the limit. Gradients are given per stage, as lists of parameters.
+/// global norm is at most the limit. Gradients are given per stage, as lists of parameters. When every rank
+/// of the world runs on one host the collective is a sum through shared memory (`ShmSum`, from
+/// `ShmLinks::world_sum`), else a Gloo all-reduce.
 
 #include <mpx/runtime/errors.hpp>  // mpx::peer_error
+#include <mpx/runtime/wire/shm_sum.hpp>  // mpx::ShmSum
 #include <mpx/runtime/world.hpp>   // mpx::World
 
 #include <torch/torch.h>  // torch::stack, torch::zeros
@@ -83,21 +86,27 @@ struct StepReduction
 };
 
 /// The step's all-reduce over the world, started (see the file comment): `loss_sum` is this replica's
-/// summed loss (defined on the last stage's rank only), `sq` this rank's `local_grad_sq`.
+/// summed loss (defined on the last stage's rank only), `sq` this rank's `local_grad_sq`; through `shm`
+/// when it is given (every rank must give one, or none).
 struct PendingReduction
 {
   at::Tensor values;  ///< loss / replicas, squared norm / replicas, ranks that saw inf/NaN
   c10::intrusive_ptr<c10d::Work> work;
   long step = 0;
+  ShmSum* shm = nullptr;
 };
-inline PendingReduction start_reduce_step(World& w, const at::Tensor& loss_sum, double sq, long step)
+inline PendingReduction start_reduce_step(World& w, const at::Tensor& loss_sum, double sq, long step, ShmSum* shm = nullptr)
 {
   const bool found_inf = !std::isfinite(sq);
-  PendingReduction p{torch::empty({3}, torch::kDouble), {}, step};
+  PendingReduction p{torch::empty({3}, torch::kDouble), {}, step, shm};
   auto* v = p.values.data_ptr<double>();
   v[0] = loss_sum.defined() ? loss_sum.template item<double>() / w.replicas : 0.0;
   v[1] = found_inf ? 0.0 : sq / w.replicas;
   v[2] = found_inf ? 1.0 : 0.0;
+  if (shm) {
+    shm->arrive(v, 3);
+    return p;
+  }
   std::vector<at::Tensor> rv{p.values};
   try {
     p.work = w.world->allreduce(rv);
@@ -110,11 +119,17 @@ inline PendingReduction start_reduce_step(World& w, const at::Tensor& loss_sum, 
 /// Waits for a started reduction (with the run's timeout) and reads what every rank agreed on.
 inline StepReduction finish_reduce_step(World& w, PendingReduction& p)
 {
-  try {
-    p.work->wait(w.timeout);
-  } catch (const std::exception& e) {
-    throw peer_error("mpx: rank " + std::to_string(w.env.rank) + ", step " + std::to_string(p.step) +
-                     ", the end-of-step all-reduce (loss, gradient norm): a peer did not arrive: " + e.what());
+  if (p.shm) {
+    p.shm->finish(p.values.data_ptr<double>(), [&] {
+      return "mpx: rank " + std::to_string(w.env.rank) + ", step " + std::to_string(p.step) + ", the end-of-step sum (loss, gradient norm) over shared memory";
+    });
+  } else {
+    try {
+      p.work->wait(w.timeout);
+    } catch (const std::exception& e) {
+      throw peer_error("mpx: rank " + std::to_string(w.env.rank) + ", step " + std::to_string(p.step) +
+                       ", the end-of-step all-reduce (loss, gradient norm): a peer did not arrive: " + e.what());
+    }
   }
   const auto* v = p.values.data_ptr<double>();
   StepReduction r;
@@ -124,9 +139,9 @@ inline StepReduction finish_reduce_step(World& w, PendingReduction& p)
   return r;
 }
 /// The step's one all-reduce over the world, started and waited for; `step` names the step in errors.
-inline StepReduction reduce_step(World& w, const at::Tensor& loss_sum, double sq, long step)
+inline StepReduction reduce_step(World& w, const at::Tensor& loss_sum, double sq, long step, ShmSum* shm = nullptr)
 {
-  auto p = start_reduce_step(w, loss_sum, sq, step);
+  auto p = start_reduce_step(w, loss_sum, sq, step, shm);
   return finish_reduce_step(w, p);
 }
 

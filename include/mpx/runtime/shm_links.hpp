@@ -7,6 +7,7 @@
 /// separate network namespaces count as separate nodes) and both have shared memory on (`MPX_SHM`, 1 by
 /// default; 0 sends every pipeline message over Gloo). Each rank publishes that in the run's store, and
 /// reads a peer's at the first message to or from it, so both ends of a channel choose the same way.
+/// `world_sum` gives the world's end-of-step sum through shared memory when every rank shares the host.
 /// World rank 0 publishes a random token for the ring names and the ring size (`MPX_SHM_RING_KB`, 8192 by
 /// default: messages that do not fit go over Gloo; `MPX_SHM_SPIN_US`, 50 by default, is how long a wait spins before it sleeps). Every
 /// `ShmLinks` of a process takes the next set of keys: ranks build their trainers in the same order.
@@ -15,6 +16,7 @@
 #include <mpx/runtime/env.hpp>             // mpx::detail::getenv_int, getenv_str
 #include <mpx/runtime/errors.hpp>          // mpx::config_error, mpx::peer_error
 #include <mpx/runtime/wire/shm_ring.hpp>   // mpx::ShmRing
+#include <mpx/runtime/wire/shm_sum.hpp>    // mpx::ShmSum
 #include <mpx/runtime/world.hpp>           // mpx::World
 
 #include <unistd.h>  // readlink
@@ -97,6 +99,30 @@ class ShmLinks
   {
     const int peer = w_.global_rank(w_.replica, dst, lane % w_.degree[std::size_t(dst)]);
     return ring(w_.env.rank, peer, lane, channel, ShmRing::End::sender, peer);
+  }
+
+  /// The world's end-of-step sum through shared memory (wire/shm_sum.hpp) when every rank shares this host,
+  /// else null (it goes over Gloo). World rank 0 decides from what each rank published and says so in the
+  /// store, so every rank chooses the same way. A collective: every rank calls it once.
+  std::unique_ptr<ShmSum> world_sum()
+  {
+    if (!on_) return nullptr;
+    const std::string key = key_ + "sum";
+    if (w_.env.rank == 0) {
+      bool all = w_.env.local_world_size >= w_.env.world_size;  // the launcher says: more than one node
+      for (int r = 1; all && r < w_.env.world_size; ++r) all = shares_host(r);
+      w_.store->set(key, detail::text_bytes(all && !host_.empty() ? "shm" : "gloo"));
+    }
+    std::string how;
+    try {
+      how = detail::bytes_text(w_.store->get(key));
+    } catch (const std::exception& e) {
+      throw peer_error("mpx: rank " + std::to_string(w_.env.rank) + ": rank 0 did not say how the world sums (shared-memory set-up): " + e.what());
+    }
+    if (how == "gloo") return nullptr;
+    if (how != "shm") throw peer_error("mpx: the run's store holds a malformed choice '" + how + "' for the world's sum");
+    read_token();
+    return std::make_unique<ShmSum>("/mpx-" + token_ + "-sum", w_.env.world_size, w_.env.rank, w_.timeout, spin_);
   }
 
   /// Whether shared memory is on in this process's environment (`MPX_SHM`).

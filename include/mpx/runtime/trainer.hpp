@@ -9,7 +9,7 @@
 /// | micro-batches to the device | `microbatches.hpp` |
 /// | walk the schedule (buckets start as stages finish), ZB-H1 split or whole | `executor.hpp` (over `stage_set.hpp`, `backward.hpp`, `boundary_links.hpp`), `split_decision.hpp` |
 /// | finish the data-parallel reduction (and, under sequence parallelism, the replicated gradients' sum) | `gradient_buckets.hpp`, `stage_set.hpp` |
-/// | gradient statistics: loss, norm, inf/NaN in one collective | `grad_stats.hpp` |
+/// | gradient statistics: loss, norm, inf/NaN in one collective | `grad_stats.hpp` (through shared memory on one host: `shm_links.hpp`) |
 /// | skip or clip, optimizer step at the scheduled rate, zero | `grad_stats.hpp`, `stage_optimizers.hpp` |
 ///
 /// ```
@@ -28,6 +28,7 @@
 #include <mpx/runtime/options.hpp>           // mpx::TrainOptions, mpx::StepStats
 #include <mpx/runtime/split_decision.hpp>    // mpx::SplitDecision
 #include <mpx/runtime/precision.hpp>         // mpx::LossScaler
+#include <mpx/runtime/shm_links.hpp>         // mpx::ShmLinks, mpx::ShmSum
 #include <mpx/runtime/stage_optimizers.hpp>  // mpx::StageOptimizers
 #include <mpx/runtime/stage_set.hpp>         // mpx::StageSet
 #include <mpx/runtime/state_io.hpp>          // mpx::save_training_state, mpx::load_training_state
@@ -36,6 +37,7 @@
 
 #include <chrono>    // std::chrono::steady_clock
 #include <iostream>  // std::cout, std::clog
+#include <memory>    // std::unique_ptr
 #include <string>    // std::string
 #include <vector>    // std::vector
 
@@ -60,7 +62,7 @@ class Trainer
   template <class Make>
   Trainer(World& world, Make&& make, InputFn input, LossFn loss, TrainOptions options = {})
       : w_(world), o_(std::move(options)), scaler_(o_.scaler), stages_((check_proof(), w_.slot), w_.device, make, o_, w_.tp),
-        optimizers_(stages_, o_), executor_(w_, stages_, std::move(input), std::move(loss)),
+        optimizers_(stages_, o_), executor_(w_, stages_, std::move(input), std::move(loss)), sum_(ShmLinks(w_, true).world_sum()),
         buckets_(w_.dp, w_.replicas, o_.bucket_bytes, w_.timeout), split_(executor_.splits_backward(), o_.split_backward, o_.split_trials),
         expected_bubble_(prove(P::make_table()).bubble())
   {
@@ -102,7 +104,7 @@ class Trainer
     const auto sq = agree_first ? local_grad_sq(counted_)
                                 : local_grad_sq(counted_, [this](const at::Tensor& p) { return optimizers_.stepped_grad_sq(p); });
     // the loss once per replica (tensor-parallel rank 0 of the last slot), each parameter once in the norm
-    auto reduction = start_reduce_step(w_, w_.tp_rank == 0 ? walk.loss_sum : at::Tensor(), sq, step_);
+    auto reduction = start_reduce_step(w_, w_.tp_rank == 0 ? walk.loss_sum : at::Tensor(), sq, step_, sum_.get());
     const StepReduction red = finish_reduce_step(w_, reduction);
     st.loss = red.loss;
     st.grad_norm = red.grad_norm;
@@ -224,6 +226,7 @@ class Trainer
   StageSet<P> stages_;
   StageOptimizers optimizers_;
   Executor<P, Batch> executor_;
+  std::unique_ptr<ShmSum> sum_;  // the end-of-step sum through shared memory when the world shares a host, else null (Gloo)
   GradientBuckets buckets_;
   SplitDecision split_;
   TraceRecorder trace_;

@@ -79,6 +79,62 @@ inline void cpu_relax()
   _mm_pause();
 #endif
 }
+
+/// Whether the process `pid` exists (0: not known yet, which counts as alive).
+inline bool process_alive(std::int32_t pid) { return pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH; }
+
+/// Waits until `ready()`: spins for `spin`, then sleeps on the futex word `seq` (counted in `sleepers`,
+/// which the publishing side reads to know whether to wake anyone), calling `check()` every 20 ms (it
+/// throws when a peer has gone) and `late()` once `timeout` has passed (it throws).
+template <class Ready, class Check, class Late>
+void shm_wait(Ready&& ready, std::atomic<std::uint32_t>& seq, std::atomic<std::uint32_t>& sleepers, std::chrono::microseconds spin,
+              std::chrono::milliseconds timeout, Check&& check, Late&& late)
+{
+  using clock = std::chrono::steady_clock;
+  if (ready()) return;
+  const auto start = clock::now();
+  while (clock::now() - start < spin)
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return;
+      cpu_relax();
+    }
+  const timespec slice{0, 20'000'000};
+  for (;;) {
+    const std::uint32_t seen = seq.load(std::memory_order_seq_cst);
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // the count above before ready()'s load (the other side: publish)
+    if (ready()) {
+      sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      return;
+    }
+    futex(&seq, FUTEX_WAIT, seen, &slice);
+    sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (ready()) return;
+    check();
+    if (clock::now() - start > timeout) late();
+  }
+}
+
+/// Opens the POSIX shared-memory segment `name` (creating it zero-filled if it is not there yet: both ends
+/// open by name, whichever comes first creates) and maps `bytes` of it with the pages allocated, so a
+/// /dev/shm without room is a `config_error` here, not a SIGBUS at a later touch. `what` names the
+/// segment's use in errors, `off` how to do without shared memory, `smaller` how to need less of it.
+inline void* map_shm_segment(const std::string& name, std::size_t bytes, const std::string& what, const std::string& off, const std::string& smaller)
+{
+  const auto fail = [&](const std::string& doing, int err, const std::string& more) {
+    return config_error("mpx: " + doing + " " + name + " (" + std::strerror(err) + ") for " + what + "; " + off + more);
+  };
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
+  if (fd < 0) throw fail("cannot open the shared-memory segment", errno, "");
+  const int full = ::ftruncate(fd, off_t(bytes)) == 0 ? ::posix_fallocate(fd, 0, off_t(bytes)) : errno;
+  void* p = full == 0 ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0) : MAP_FAILED;
+  const int err = full != 0 ? full : errno;
+  ::close(fd);
+  if (p == MAP_FAILED)
+    throw fail("cannot place " + std::to_string(bytes) + " bytes in /dev/shm as", err,
+               " (or free /dev/shm, give the container more of it, e.g. docker --shm-size, or " + smaller + ")");
+  return p;
+}
 }  // namespace detail
 
 class ShmRing
@@ -99,19 +155,8 @@ class ShmRing
   {
     if (capacity_ < min_capacity || (capacity_ & (capacity_ - 1)) != 0)
       throw config_error("mpx: a shared-memory ring of " + std::to_string(capacity_) + " bytes: MPX_SHM_RING_KB must be a power of two of at least 4");
-    const int fd = ::shm_open(name_.c_str(), O_CREAT | O_RDWR, 0600);
-    if (fd < 0) throw config_error(os_error("cannot open the shared-memory segment"));
-    const std::size_t total = detail::ring_data_offset + capacity_;
-    // the pages are allocated here, where a full /dev/shm is an error, not at a later touch (SIGBUS)
-    const int full = ::ftruncate(fd, off_t(total)) == 0 ? ::posix_fallocate(fd, 0, off_t(total)) : errno;
-    void* p = full == 0 ? ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0) : MAP_FAILED;
-    const int err = full != 0 ? full : errno;
-    ::close(fd);
-    if (p == MAP_FAILED) {
-      errno = err;
-      throw config_error(os_error("cannot place a ring of " + std::to_string(total) + " bytes in /dev/shm") +
-                         " (or free /dev/shm, give the container more of it, e.g. docker --shm-size, or lower MPX_SHM_RING_KB)");
-    }
+    void* p = detail::map_shm_segment(name_, detail::ring_data_offset + capacity_, "the channel to/from " + peer_,
+                                      "set MPX_SHM=0 to send pipeline messages over Gloo instead", "lower MPX_SHM_RING_KB");
     base_ = static_cast<std::uint8_t*>(p);
     ctl_ = reinterpret_cast<detail::ShmRingControl*>(base_);
     data_ = base_ + detail::ring_data_offset;
@@ -215,47 +260,21 @@ class ShmRing
     if (ctl_->writer_sleeping.load(std::memory_order_seq_cst)) detail::futex(&ctl_->read_seq, FUTEX_WAKE, 1, nullptr);
   }
 
-  /// Waits until `ready()`: spins, then sleeps on `seq` (announcing it in `sleeping`), checking the peer
-  /// process (`peer_pid`) and the deadline every 20 ms.
+  /// Waits until `ready()` (detail::shm_wait), checking the peer process (`peer_pid`) every 20 ms.
   template <class Ready>
   void wait_until(Ready&& ready, std::atomic<std::uint32_t>& seq, std::atomic<std::uint32_t>& sleeping, const std::atomic<std::int32_t>& peer_pid,
                   const std::string& what)
   {
-    if (ready()) return;
-    const auto start = clock::now();
-    while (clock::now() - start < spin_)
-      for (int i = 0; i < 64; ++i) {
-        if (ready()) return;
-        detail::cpu_relax();
-      }
-    const timespec slice{0, 20'000'000};
-    for (;;) {
-      const std::uint32_t seen = seq.load(std::memory_order_seq_cst);
-      sleeping.store(1, std::memory_order_seq_cst);
-      std::atomic_thread_fence(std::memory_order_seq_cst);  // the store above before ready()'s load (the other end: publish)
-      if (ready()) break;
-      detail::futex(&seq, FUTEX_WAIT, seen, &slice);
-      sleeping.store(0, std::memory_order_seq_cst);
-      if (ready()) return;
+    detail::shm_wait(ready, seq, sleeping, spin_, timeout_, [&] {
       const std::int32_t pid = peer_pid.load(std::memory_order_acquire);
-      if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH)
-        throw peer_error(what + " from " + peer_ + ", whose process (pid " + std::to_string(pid) + ") has exited");
-      if (clock::now() - start > timeout_)
-        throw peer_error(what + " from " + peer_ + " within " + std::to_string(timeout_.count()) + " ms (a stopped or stuck peer)");
-    }
-    sleeping.store(0, std::memory_order_seq_cst);
+      if (!detail::process_alive(pid)) throw peer_error(what + " from " + peer_ + ", whose process (pid " + std::to_string(pid) + ") has exited");
+    }, [&] { throw peer_error(what + " from " + peer_ + " within " + std::to_string(timeout_.count()) + " ms (a stopped or stuck peer)"); });
   }
 
   void unlink()
   {
     ::shm_unlink(name_.c_str());  // ENOENT: the other end did it
     unlinked_ = true;
-  }
-
-  std::string os_error(const std::string& what) const
-  {
-    return "mpx: " + what + " " + name_ + " (" + std::strerror(errno) + ") for the channel to/from " + peer_ +
-           "; set MPX_SHM=0 to send pipeline messages over Gloo instead";
   }
 
   std::string name_;
