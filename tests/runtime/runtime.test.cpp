@@ -346,44 +346,46 @@ TEST_CASE("GPU stages without CUDA stop with a message naming the fix", "[runtim
   expect_every_rank_fails(2, "gpu", "has GPU stages but this machine has no CUDA device");
 }
 
-TEST_CASE("A killed rank ends the survivors with an error naming rank step action and peer", "[runtime][errors]")
+namespace
 {
-  // 3 stages; rank 1 dies at the start of step 2. The message timeout is 10 s. Messages through shared
-  // memory (the default here: a waiting rank sees the peer's process gone), then over Gloo.
+/// Runs the 3-stage "kill" scenario with rank 1 dying (exit 3) as `env` says, under both transports (shared
+/// memory, then Gloo), and checks that ranks 0 and 2 end with exit 1 well inside the 90 s bound, their
+/// output naming each of `named` (and, through shared memory, each of `named_shm`).
+void check_survivors_name(const std::vector<std::string>& args, std::vector<std::pair<std::string, std::string>> env,
+                          const std::vector<std::string>& named, const std::vector<std::string>& named_shm = {})
+{
   for (const char* shm : {"1", "0"}) {
     CAPTURE(shm);
-    auto res = test::spawn(3, {MPX_RANK_EXE, "kill", "/tmp", "1", "2"}, std::chrono::seconds(90), {{"MPX_SHM", shm}});
+    auto all_env = env;
+    all_env.emplace_back("MPX_SHM", shm);
+    auto res = test::spawn(3, args, std::chrono::seconds(90), all_env);
     INFO(all_output(res));
     CHECK(res[1].code == 3);
     for (int r : {0, 2}) {
       CAPTURE(r);
+      const auto& out = res[std::size_t(r)].output;
       CHECK(res[std::size_t(r)].code == 1);
       CHECK(res[std::size_t(r)].seconds < 45);
-      CHECK(res[std::size_t(r)].output.find("step 2") != std::string::npos);
-      CHECK(res[std::size_t(r)].output.find("peer rank 1") != std::string::npos);
-      CHECK(res[std::size_t(r)].output.find("action") != std::string::npos);
+      for (const auto& n : named) CHECK(out.find(n) != std::string::npos);
+      if (std::string(shm) == "1")
+        for (const auto& n : named_shm) CHECK(out.find(n) != std::string::npos);
     }
   }
+}
+}  // namespace
+
+TEST_CASE("A killed rank ends the survivors with an error naming rank step action and peer", "[runtime][errors]")
+{
+  // 3 stages; rank 1 dies at the start of step 2. The message timeout is 10 s. Messages through shared
+  // memory (the default here: a waiting rank sees the peer's process gone), then over Gloo.
+  check_survivors_name({MPX_RANK_EXE, "kill", "/tmp", "1", "2"}, {}, {"step 2", "peer rank 1", "action"});
 }
 
 TEST_CASE("A rank killed after its walk ends the survivors in the end-of-step sum with an error naming step and sum", "[runtime][errors]")
 {
   // 3 stages; rank 1's process ends after its walk of step 2, before the sum of loss and norm: through shared
   // memory the survivors see its process gone (and name it), over Gloo its connection close
-  for (const char* shm : {"1", "0"}) {
-    CAPTURE(shm);
-    auto res = test::spawn(3, {MPX_RANK_EXE, "kill", "/tmp"}, std::chrono::seconds(90), {{"MPX_SHM", shm}, {"MPX_TEST_EXIT_BEFORE_SUM", "1,2"}});
-    INFO(all_output(res));
-    CHECK(res[1].code == 3);
-    for (int r : {0, 2}) {
-      CAPTURE(r);
-      CHECK(res[std::size_t(r)].code == 1);
-      CHECK(res[std::size_t(r)].seconds < 45);
-      CHECK(res[std::size_t(r)].output.find("step 2") != std::string::npos);
-      CHECK(res[std::size_t(r)].output.find("end-of-step") != std::string::npos);
-      if (std::string(shm) == "1") CHECK(res[std::size_t(r)].output.find("rank 1's process") != std::string::npos);
-    }
-  }
+  check_survivors_name({MPX_RANK_EXE, "kill", "/tmp"}, {{"MPX_TEST_EXIT_BEFORE_SUM", "1,2"}}, {"step 2", "end-of-step"}, {"rank 1's process"});
 }
 
 TEST_CASE("Messages whose layout changes (shape, wire dtype, absent and empty fields) arrive intact", "[runtime][wire]")

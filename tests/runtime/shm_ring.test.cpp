@@ -2,7 +2,8 @@
 // Tests for mpx/runtime/wire/shm_ring.hpp (and shm_links.hpp's settings): frames written at one end read
 // back at the other, across the ring's wrap; a message without room says "over the group" instead; a wait
 // ends in a named peer_error when the peer is gone (a real child process that exits) or silent; a corrupt
-// frame is a peer_error; the name is gone from /dev/shm after the first frame. Both ends in one process,
+// frame is a peer_error; the name is gone from /dev/shm once both ends have opened the ring, and a receiver
+// whose sender never came removes it when it closes. Both ends in one process,
 // except the dead peer's.
 #include "support/rooms.hpp"
 
@@ -57,17 +58,17 @@ at::Tensor read_inline(ShmRing& ring)
 }
 }  // namespace
 
-TEST_CASE("A shared-memory ring carries frames in order across its wrap, and lets go of its name after the first", "[rooms][shm]")
+TEST_CASE("A shared-memory ring carries frames in order across its wrap, and lets go of its name once both ends have it open", "[rooms][shm]")
 {
   const auto name = ring_name("order");
   auto rx = open_end(name, ShmRing::End::receiver);
+  CHECK(std::filesystem::exists("/dev/shm" + name));  // for the sender to find
   auto tx = open_end(name, ShmRing::End::sender);
-  CHECK(std::filesystem::exists("/dev/shm" + name));
+  CHECK_FALSE(std::filesystem::exists("/dev/shm" + name));  // unlinked by the second end: nothing left behind, whatever comes next
   // 64 KiB ring: frames of 20,001 bytes wrap every third or so; odd sizes test the padding
   for (int i = 0; i < 40; ++i) {
     REQUIRE(write_bytes(tx, 20001, std::uint8_t(i)));
     check_bytes(read_inline(rx), 20001, std::uint8_t(i));
-    if (i == 0) CHECK_FALSE(std::filesystem::exists("/dev/shm" + name));  // unlinked by the receiver: nothing left behind
   }
   REQUIRE(write_bytes(tx, 7, 1));  // two unread at once
   REQUIRE(write_bytes(tx, 9, 2));
@@ -119,13 +120,14 @@ TEST_CASE("A ring wait ends with a named error: a silent peer at the timeout, a 
   {
     const auto name = ring_name("corrupt");
     auto rx = open_end(name, ShmRing::End::receiver);
-    auto tx = open_end(name, ShmRing::End::sender);
-    REQUIRE(write_bytes(tx, 100, 0));
-    // overwrite the frame's length word as another program might: more than the ring holds
+    // another program maps the ring while its name is there ...
     const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
     REQUIRE(fd >= 0);
     void* p = ::mmap(nullptr, mpx::detail::ring_data_offset + 8, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);
+    auto tx = open_end(name, ShmRing::End::sender);
+    REQUIRE(write_bytes(tx, 100, 0));
+    // ... and overwrites the frame's length word: more than the ring holds
     const std::uint64_t bad = std::uint64_t(1) << 40;
     std::memcpy(static_cast<std::uint8_t*>(p) + mpx::detail::ring_data_offset, &bad, 8);
     ::munmap(p, mpx::detail::ring_data_offset + 8);
@@ -133,7 +135,23 @@ TEST_CASE("A ring wait ends with a named error: a silent peer at the timeout, a 
   }
 }
 
-TEST_CASE("Shared-memory settings: MPX_SHM takes 0 or 1, a ring size must be a power of two of at least 4 KiB", "[rooms][shm]")
+TEST_CASE("A ring one end never opened: the receiver removes its name when it closes, the sender leaves it for the receiver", "[rooms][shm]")
+{
+  const auto lonely = ring_name("lonely-receiver");
+  { auto rx = open_end(lonely, ShmRing::End::receiver); }
+  CHECK_FALSE(std::filesystem::exists("/dev/shm" + lonely));
+  const auto early = ring_name("early-sender");
+  {
+    auto tx = open_end(early, ShmRing::End::sender);
+    REQUIRE(write_bytes(tx, 10, 7));
+  }
+  REQUIRE(std::filesystem::exists("/dev/shm" + early));  // the frame waits for its receiver
+  auto rx = open_end(early, ShmRing::End::receiver);
+  check_bytes(read_inline(rx), 10, 7);
+  CHECK_FALSE(std::filesystem::exists("/dev/shm" + early));
+}
+
+TEST_CASE("Shared-memory settings: MPX_SHM takes 0 or 1, a ring size must be a power of two of at least 4 KiB, the spin follows the CPUs", "[rooms][shm]")
 {
   ::setenv("MPX_SHM", "0", 1);
   CHECK_FALSE(mpx::ShmLinks::enabled());
@@ -143,4 +161,10 @@ TEST_CASE("Shared-memory settings: MPX_SHM takes 0 or 1, a ring size must be a p
   CHECK(mpx::ShmLinks::enabled());
   CHECK_THROWS_WITH(open_end(ring_name("size"), ShmRing::End::sender, 100 * 1024), Catch::Contains("MPX_SHM_RING_KB must be a power of two"));
   CHECK_FALSE(mpx::detail::host_identity().empty());  // Linux says boot id and namespaces
+  // the default spin: long where every rank's threads have a CPU, short where ranks share CPUs
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(::sched_getaffinity(0, sizeof set, &set) == 0);
+  CHECK(mpx::detail::default_spin_us(1) == (at::get_num_threads() <= CPU_COUNT(&set) ? 1000 : 50));
+  CHECK(mpx::detail::default_spin_us(1 << 20) == 50);
 }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests for mpx/runtime/wire/shm_sum.hpp: ranks that are real processes (forked) sum their numbers round
-// after round and every rank gets the same bits, the sum in rank order; the name is gone from /dev/shm after
-// the first round; a wait ends in a named peer_error when a rank's process has exited (at once) or a rank
+// after round and every rank gets the same bits, the sum in rank order; the name is gone from /dev/shm once
+// every rank has opened the segment, or the ranks that came have closed it; a wait ends in a named peer_error when a rank's process has exited (at once) or a rank
 // never comes (at the timeout); misuse is a config_error. (Trainers that sum through it: runtime.test.cpp.)
 #include "support/rooms.hpp"
 
@@ -80,6 +80,7 @@ TEST_CASE("A sum's wait ends with a named error: a rank whose process exited at 
       ::_exit(0);
     }
     ::waitpid(child, nullptr, 0);
+    CHECK_FALSE(std::filesystem::exists("/dev/shm" + name));  // both ranks opened it: the last one removed the name
     const double v = 1;
     double got = 0;
     sum.arrive(&v, 1);
@@ -88,13 +89,15 @@ TEST_CASE("A sum's wait ends with a named error: a rank whose process exited at 
                       Catch::Contains("step 3's sum: rank 1's process (pid " + std::to_string(child) + ") has exited"));
     CHECK(std::chrono::steady_clock::now() - t0 < 5s);  // not the minute's timeout
   }
+  const auto silent = sum_name("silent");
   {
-    ShmSum sum(sum_name("silent"), 3, 1, 200ms, 20us);
+    ShmSum sum(silent, 3, 1, 200ms, 20us);
     const double v = 1;
     double got = 0;
     sum.arrive(&v, 1);
     CHECK_THROWS_WITH(sum.finish(&got, [] { return std::string("step 0's sum"); }), Catch::Contains("rank 0, 2 did not arrive within 200 ms"));
   }
+  CHECK_FALSE(std::filesystem::exists("/dev/shm" + silent));  // closed by the only rank that came: nothing left behind
 }
 
 TEST_CASE("A sum refuses misuse, naming it: too many numbers, a rank outside the world, finish before arrive", "[rooms][shm]")

@@ -9,7 +9,8 @@
 /// reads a peer's at the first message to or from it, so both ends of a channel choose the same way.
 /// `world_sum` gives the world's end-of-step sum through shared memory when every rank shares the host.
 /// World rank 0 publishes a random token for the ring names and the ring size (`MPX_SHM_RING_KB`, 8192 by
-/// default: messages that do not fit go over Gloo; `MPX_SHM_SPIN_US`, 50 by default, is how long a wait spins before it sleeps). Every
+/// default: messages that do not fit go over Gloo; `MPX_SHM_SPIN_US` is how long a wait spins before it sleeps: 1000 µs by
+/// default when the host has a CPU for every rank's threads, else 50). Every
 /// `ShmLinks` of a process takes the next set of keys: ranks build their trainers in the same order.
 /// Messages on the device (NCCL) never come here.
 
@@ -19,7 +20,12 @@
 #include <mpx/runtime/wire/shm_sum.hpp>    // mpx::ShmSum
 #include <mpx/runtime/world.hpp>           // mpx::World
 
+#include <sched.h>   // sched_getaffinity, CPU_COUNT
 #include <unistd.h>  // readlink
+
+#include <ATen/Parallel.h>  // at::get_num_threads
+
+#include <algorithm> // std::max
 
 #include <chrono>    // std::chrono
 #include <fstream>   // std::ifstream
@@ -53,6 +59,17 @@ inline std::string host_identity()
   return id;
 }
 
+/// How long a wait spins before it sleeps unless `MPX_SHM_SPIN_US` says: 1000 µs when this process may
+/// use a CPU for every intra-op thread of every rank on the host (a spin then takes a CPU nobody else
+/// wants, and a receiver that sleeps costs its sender a futex wake, 10-20 µs on a VM), else 50 µs.
+inline int default_spin_us(int local_ranks)
+{
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  return local_ranks * std::max(1, at::get_num_threads()) <= cpus ? 1000 : 50;
+}
+
 /// A process's count of ShmLinks built so far (their store keys).
 inline int next_shm_links_id()
 {
@@ -83,7 +100,7 @@ class ShmLinks
         throw config_error("mpx: MPX_SHM_RING_KB=" + std::to_string(kb) + " must be a power of two from 4 to 4194304 (KiB per ring; tiny rings send most messages over Gloo)");
       w_.store->set(key_ + "token", detail::text_bytes(token.str() + " " + std::to_string(kb)));
     }
-    const int spin = detail::getenv_int("MPX_SHM_SPIN_US", 50);
+    const int spin = detail::getenv_int("MPX_SHM_SPIN_US", detail::default_spin_us(w_.env.local_world_size));
     if (spin < 0 || spin > 1'000'000) throw config_error("mpx: MPX_SHM_SPIN_US=" + std::to_string(spin) + " must be from 0 to 1000000 (µs)");
     spin_ = std::chrono::microseconds(spin);
   }

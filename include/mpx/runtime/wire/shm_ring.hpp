@@ -15,12 +15,14 @@
 /// ring holds its whole size in memory from the start, and a /dev/shm without room for it is a
 /// `config_error` at its first message, not a SIGBUS later.
 ///
-/// Waits spin for a while (`MPX_SHM_SPIN_US`, default 50 µs), then sleep on a futex in the mapping,
+/// Waits spin for a while (`MPX_SHM_SPIN_US`; shm_links.hpp sets the default), yielding the CPU to anyone
+/// waiting for it, then sleep on a futex in the mapping,
 /// looking every 20 ms whether the peer's process still exists; a dead peer, or the run's timeout, ends
 /// the wait with a `peer_error` naming the peer. Both ends open the segment by name (`O_CREAT`: whichever
-/// comes first creates it, zero-filled, which is an empty ring); the receiver unlinks the name when the
-/// first frame has arrived (the sender has mapped it by then) or when it closes, so a finished run leaves
-/// nothing in /dev/shm (a receiver killed before its first frame leaves its ring's name, a few pages).
+/// comes first creates it, zero-filled, which is an empty ring) and count themselves in it; the second to
+/// open unlinks the name (both have it mapped), so a run leaves nothing in /dev/shm however it ends — but
+/// a ring whose other end never opened it: the receiver unlinks it when it closes (not the sender, whose
+/// unread frames would go with the name), and a killed receiver leaves it (a few pages).
 /// Names carry a random token per run (`ShmLinks`), so a ring left by a killed run is never read by a
 /// later one.
 
@@ -30,6 +32,7 @@
 
 #include <fcntl.h>        // O_CREAT, O_RDWR, posix_fallocate
 #include <linux/futex.h>  // FUTEX_WAIT, FUTEX_WAKE
+#include <sched.h>        // sched_yield
 #include <signal.h>       // kill
 #include <sys/mman.h>     // mmap, shm_open, shm_unlink
 #include <sys/syscall.h>  // SYS_futex
@@ -63,6 +66,7 @@ struct ShmRingControl
   std::atomic<std::uint32_t> read_seq;          ///< futex word: bumped at each consume
   std::atomic<std::uint32_t> writer_sleeping;
   std::atomic<std::int32_t> receiver_pid;
+  alignas(64) std::atomic<std::uint32_t> opened;  ///< ends that have mapped the segment
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free,
               "mpx: the shared-memory ring needs lock-free atomics (address-free across processes)");
@@ -93,11 +97,13 @@ void shm_wait(Ready&& ready, std::atomic<std::uint32_t>& seq, std::atomic<std::u
   using clock = std::chrono::steady_clock;
   if (ready()) return;
   const auto start = clock::now();
-  while (clock::now() - start < spin)
+  while (clock::now() - start < spin) {
     for (int i = 0; i < 64; ++i) {
       if (ready()) return;
       cpu_relax();
     }
+    ::sched_yield();  // a spin gives way to any other thread waiting for this CPU (more ranks than CPUs)
+  }
   const timespec slice{0, 20'000'000};
   for (;;) {
     const std::uint32_t seen = seq.load(std::memory_order_seq_cst);
@@ -161,6 +167,7 @@ class ShmRing
     ctl_ = reinterpret_cast<detail::ShmRingControl*>(base_);
     data_ = base_ + detail::ring_data_offset;
     (end_ == End::sender ? ctl_->sender_pid : ctl_->receiver_pid).store(std::int32_t(::getpid()), std::memory_order_release);
+    if (ctl_->opened.fetch_add(1, std::memory_order_acq_rel) == 1) unlink();  // both ends have it: the name can go
   }
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;
@@ -223,7 +230,6 @@ class ShmRing
     at::Tensor msg = torch::empty({std::int64_t(bytes)}, torch::kByte);
     copy_out(at, msg.data_ptr<std::uint8_t>(), bytes);
     consume(r + 8 + pad(bytes));
-    if (!unlinked_) unlink();  // the sender has mapped it: the name can go
     return msg;
   }
 
@@ -273,7 +279,7 @@ class ShmRing
 
   void unlink()
   {
-    ::shm_unlink(name_.c_str());  // ENOENT: the other end did it
+    ::shm_unlink(name_.c_str());  // ENOENT: already gone
     unlinked_ = true;
   }
 

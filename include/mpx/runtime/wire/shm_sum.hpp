@@ -15,8 +15,9 @@
 /// Waits spin (`MPX_SHM_SPIN_US`), then sleep on a futex word that every arrival bumps; every 20 ms a
 /// waiter looks whether the ranks it still waits for are alive (their pids are in their slots): a killed
 /// rank is a named `peer_error` at once, a silent one at the run's timeout. Every rank opens the segment
-/// by name (the first creates it zero-filled: round 0) and unlinks it after the first round, when all
-/// have mapped it, so a finished run leaves nothing in /dev/shm.
+/// by name (the first creates it zero-filled: round 0) and counts itself in it; the last to open unlinks
+/// the name (all have it mapped), so a run leaves nothing in /dev/shm however it ends (a rank closing a
+/// segment that some rank never opened unlinks it too).
 
 #include <mpx/runtime/errors.hpp>           // mpx::peer_error, mpx::config_error
 #include <mpx/runtime/wire/shm_ring.hpp>    // mpx::detail::map_shm_segment, shm_wait, futex, process_alive
@@ -41,6 +42,7 @@ struct ShmSumHeader
 {
   alignas(64) std::atomic<std::uint32_t> arrivals;
   std::atomic<std::uint32_t> sleepers;
+  std::atomic<std::uint32_t> opened;  ///< ranks that have mapped the segment
 };
 /// One rank's slot.
 struct ShmSumSlot
@@ -67,13 +69,14 @@ class ShmSum
     header_ = static_cast<detail::ShmSumHeader*>(base_);
     slots_ = reinterpret_cast<detail::ShmSumSlot*>(static_cast<char*>(base_) + sizeof(detail::ShmSumHeader));
     slots_[rank_].pid.store(std::int32_t(::getpid()), std::memory_order_release);
+    if (header_->opened.fetch_add(1, std::memory_order_acq_rel) + 1 == std::uint32_t(ranks_)) unlink();  // all have it: the name can go
   }
   ShmSum(const ShmSum&) = delete;
   ShmSum& operator=(const ShmSum&) = delete;
   ~ShmSum()
   {
     ::munmap(base_, bytes());
-    if (!unlinked_) ::shm_unlink(name_.c_str());  // ENOENT: another rank did it
+    if (!unlinked_) unlink();  // ENOENT: another rank did it
   }
 
   /// This rank's `n` numbers for the next round; returns at once.
@@ -113,14 +116,15 @@ class ShmSum
     }
     round_ = r;
     arrived_ = false;
-    if (!unlinked_) {  // every rank has mapped the segment by now
-      ::shm_unlink(name_.c_str());
-      unlinked_ = true;
-    }
   }
 
  private:
   std::size_t bytes() const { return sizeof(detail::ShmSumHeader) + std::size_t(ranks_) * sizeof(detail::ShmSumSlot); }
+  void unlink()
+  {
+    ::shm_unlink(name_.c_str());
+    unlinked_ = true;
+  }
 
   template <class What>
   void check_alive(std::uint64_t r, What& what) const
