@@ -25,7 +25,7 @@
 
 #include <ATen/Parallel.h>  // at::get_num_threads
 
-#include <algorithm> // std::max
+#include <algorithm>  // std::max
 
 #include <chrono>    // std::chrono
 #include <fstream>   // std::ifstream
@@ -126,7 +126,7 @@ class ShmLinks
     if (!on_) return nullptr;
     const std::string key = key_ + "sum";
     if (w_.env.rank == 0) {
-      bool all = w_.env.local_world_size >= w_.env.world_size;  // the launcher says: more than one node
+      bool all = w_.env.local_world_size >= w_.env.world_size;  // fewer local ranks than the world: the launcher says more than one node
       for (int r = 1; all && r < w_.env.world_size; ++r) all = shares_host(r);
       w_.store->set(key, detail::text_bytes(all && !host_.empty() ? "shm" : "gloo"));
     }
