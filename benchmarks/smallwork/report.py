@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """The small-work benchmark's report (called by run.sh): WORK holds raw.txt ("round m mode seconds"),
 detail.txt ("round m mode rank step schedule compute wait optimizer end-of-step", ms), split.txt ("round m kept
-split-ms whole-ms": what zbh1's measured split chose) and trace_<m>.json
-(the last step of a 1F1B run, every rank). Prints Markdown.
+split-ms whole-ms": what zbh1's measured split chose) and trace_<m>_<k>.json
+(the last step of the k-th 1F1B run, every rank; their actions are pooled). Prints Markdown.
 
     python3 report.py WORK M...
 """
 import collections
+import glob
 import json
 import statistics
 import sys
@@ -96,22 +97,26 @@ for m in ms:
             print(f"| {m} | {mode} | {rank} | {c[0]:.2f} | {c[1]:.2f} | {c[2]:.2f} | {c[3]:.2f} | {c[4]:.2f} | {c[5]:.2f} | {c[2] / c[0]:.2f} |")
 print()
 
-print("## Per-action costs in mpx 1F1B (the last step's trace, µs)")
+print("## Per-action costs in mpx 1F1B (the last step's trace of several runs, pooled; µs)")
 print()
 print("send / receive post: the action's whole duration; gap: from one action's end to the next one's start "
       "(the executor's own time between actions); compute: a forward's or backward's work, less its wait.")
 print()
-print("| m | sends | median / mean send | receive posts | median / mean receive post | mean gap between actions | mean forward | mean backward | waits (sum) |")
+print("| m | sends | median / mean send | receive posts | median / mean receive post | mean gap between actions | mean forward | mean backward | waits (sum per step) |")
 print("|---|---|---|---|---|---|---|---|---|")
 for m in ms:
-    try:
-        trace = json.load(open(f"{work}/trace_{m}.json"))["traceEvents"]
-    except (OSError, ValueError):
+    by_rank = collections.defaultdict(list)  # (trace, rank) -> its actions: one step of one run
+    for path in sorted(glob.glob(f"{work}/trace_{m}_*.json")):
+        try:
+            trace = json.load(open(path))["traceEvents"]
+        except (OSError, ValueError):
+            continue
+        for e in trace:
+            if e.get("ph") == "X":
+                by_rank[(path, e["tid"])].append(e)
+    if not by_rank:
         continue
-    by_rank = collections.defaultdict(list)
-    for e in trace:
-        if e.get("ph") == "X":
-            by_rank[e["tid"]].append(e)
+    traces = len({path for path, _ in by_rank})
     kinds = collections.defaultdict(list)
     gaps, waits = [], 0
     for events in by_rank.values():
@@ -134,7 +139,7 @@ for m in ms:
     mid = lambda v: med(v) if v else float("nan")
     print(f"| {m} | {len(kinds['send'])} | {mid(kinds['send']):.0f} / {mean(kinds['send']):.0f} | {len(kinds['recv'])} | "
           f"{mid(kinds['recv']):.0f} / {mean(kinds['recv']):.0f} | "
-          f"{mean(gaps):.0f} | {mean(kinds['F']):.0f} | {mean(kinds['B']):.0f} | {waits} |")
+          f"{mean(gaps):.0f} | {mean(kinds['F']):.0f} | {mean(kinds['B']):.0f} | {waits / traces:.0f} |")
 print()
 
 print("## Raw step times per round (s)")

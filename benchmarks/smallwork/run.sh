@@ -8,7 +8,7 @@
 # thread per rank. zbh1 measures whether its split backward pays (the default, TrainOptions::split_backward =
 # measure: 6 trial steps, warm-up for it) and zbh1-split splits at every step. Every round runs every contender at every m, the order rotated from round to round, so
 # that the shared machine's noise hits all alike; the report gives paired ratios (within a round, then the
-# median over rounds), mpx's time split per rank, and the per-action costs read from a 1F1B trace.
+# median over rounds), mpx's time split per rank, and the per-action costs read from the last step's trace of 5 1F1B runs.
 # Writes benchmarks/results/smallwork_<host>_<date>.md.
 #   benchmarks/smallwork/run.sh [build-dir] [rounds] [steps]     (MS="2 4" to run fewer m; RESULTS_DIR=... elsewhere)
 set -euo pipefail
@@ -46,7 +46,7 @@ for ((r = 0; r < rounds; r++)); do
     done
   done
 done
-for m in $ms; do MPX_BENCH_TRACE="$work/trace_$m.json" run 1f1b "$m" > /dev/null; done
+for m in $ms; do for k in 1 2 3 4 5; do MPX_BENCH_TRACE="$work/trace_${m}_$k.json" run 1f1b "$m" > /dev/null; done; done  # per-action costs: 5 runs' last steps
 out=${RESULTS_DIR:-benchmarks/results}/smallwork_$(hostname -s)_$(date +%Y%m%d).md
 source benchmarks/results_file.sh && keep_earlier "$out"
 {
