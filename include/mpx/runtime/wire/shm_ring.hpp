@@ -42,6 +42,7 @@
 #include <atomic>   // std::atomic
 #include <cerrno>   // errno, ESRCH
 #include <chrono>   // std::chrono
+#include <climits>  // INT_MAX
 #include <cstdint>  // std::uint64_t
 #include <cstring>  // std::memcpy, std::strerror
 #include <string>   // std::string
@@ -119,6 +120,15 @@ void shm_wait(Ready&& ready, std::atomic<std::uint32_t>& seq, std::atomic<std::u
     check();
     if (clock::now() - start > timeout) late();
   }
+}
+
+/// The other side of `shm_wait`, after publishing what a waiter waits for: bumps the futex word `seq` and
+/// wakes whoever sleeps on it (only when `sleepers` says someone does: a wake is a system call).
+inline void shm_wake(std::atomic<std::uint32_t>& seq, const std::atomic<std::uint32_t>& sleepers)
+{
+  seq.fetch_add(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // the bump before the count's load (the other side: shm_wait)
+  if (sleepers.load(std::memory_order_seq_cst)) futex(&seq, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
 /// Opens the POSIX shared-memory segment `name` (creating it zero-filled if it is not there yet: both ends
@@ -254,16 +264,12 @@ class ShmRing
   void publish(std::uint64_t w)
   {
     ctl_->written.store(w, std::memory_order_release);
-    ctl_->written_seq.fetch_add(1, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (ctl_->reader_sleeping.load(std::memory_order_seq_cst)) detail::futex(&ctl_->written_seq, FUTEX_WAKE, 1, nullptr);
+    detail::shm_wake(ctl_->written_seq, ctl_->reader_sleeping);
   }
   void consume(std::uint64_t r)
   {
     ctl_->read.store(r, std::memory_order_release);
-    ctl_->read_seq.fetch_add(1, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (ctl_->writer_sleeping.load(std::memory_order_seq_cst)) detail::futex(&ctl_->read_seq, FUTEX_WAKE, 1, nullptr);
+    detail::shm_wake(ctl_->read_seq, ctl_->writer_sleeping);
   }
 
   /// Waits until `ready()` (detail::shm_wait), checking the peer process (`peer_pid`) every 20 ms.

@@ -20,13 +20,12 @@
 /// segment that some rank never opened unlinks it too).
 
 #include <mpx/runtime/errors.hpp>           // mpx::peer_error, mpx::config_error
-#include <mpx/runtime/wire/shm_ring.hpp>    // mpx::detail::map_shm_segment, shm_wait, futex, process_alive
+#include <mpx/runtime/wire/shm_ring.hpp>    // mpx::detail::map_shm_segment, shm_wait, shm_wake, process_alive
 
 #include <sys/mman.h>  // munmap, shm_unlink
 
 #include <atomic>   // std::atomic
 #include <chrono>   // std::chrono
-#include <climits>  // INT_MAX
 #include <cstdint>  // std::uint64_t
 #include <string>   // std::string
 
@@ -88,9 +87,7 @@ class ShmSum
     const std::uint64_t r = round_ + 1;
     for (int i = 0; i < n; ++i) me.values[r & 1][i] = v[i];
     me.round.store(r, std::memory_order_release);
-    header_->arrivals.fetch_add(1, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (header_->sleepers.load(std::memory_order_seq_cst)) detail::futex(&header_->arrivals, FUTEX_WAKE, INT_MAX, nullptr);
+    detail::shm_wake(header_->arrivals, header_->sleepers);
     arrived_ = true;
     n_ = n;
   }
