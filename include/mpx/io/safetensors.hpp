@@ -13,6 +13,7 @@
 ///   file in the same directory, flushed, then renamed over `path` — a crash leaves the old file intact.
 
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 #include <torch/torch.h>      // at::Tensor, torch::from_blob
@@ -52,34 +53,59 @@ inline constexpr dtype_name safetensors_dtypes[] = {
     {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16}, {"I64", at::kLong},
     {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},  {"U8", at::kByte},       {"BOOL", at::kBool}};
 
-inline at::ScalarType dtype_from(const std::string& file, const std::string& tensor, const std::string& name)
-{
-  for (auto& d : safetensors_dtypes)
-    if (name == d.name) return d.type;
-  throw config_error("mpx: " + file + ": tensor '" + tensor + "' has dtype \"" + name +
-                     "\", which LibTorch 1.13 cannot hold (F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL); convert the file");
-}
-inline const char* dtype_to(at::ScalarType t)
-{
-  for (auto& d : safetensors_dtypes)
-    if (t == d.type) return d.name;
-  throw config_error(std::string("mpx: safetensors cannot store dtype ") + c10::toString(t) + "; convert the tensor first");
-}
+MPX_DECL at::ScalarType dtype_from(const std::string& file, const std::string& tensor, const std::string& name);
+MPX_DECL const char* dtype_to(at::ScalarType t);
 
 /// A read-only view of a file, kept alive by the tensors that point into it.
 struct Mapping
 {
   void* base = MAP_FAILED;
   std::size_t size = 0;
-  ~Mapping()
-  {
-    if (base != MAP_FAILED) ::munmap(base, size);
-  }
+  ~Mapping();
 };
 }  // namespace detail
 
 /// Reads a safetensors file (see the file comment).
-inline Safetensors load_safetensors(const std::string& path)
+MPX_DECL Safetensors load_safetensors(const std::string& path);
+
+/// Writes a safetensors file atomically (see the file comment).
+MPX_DECL void save_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
+                             const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::detail
+{
+
+MPX_DECL at::ScalarType dtype_from(const std::string& file, const std::string& tensor, const std::string& name)
+{
+  for (auto& d : safetensors_dtypes)
+    if (name == d.name) return d.type;
+  throw config_error("mpx: " + file + ": tensor '" + tensor + "' has dtype \"" + name +
+                     "\", which LibTorch 1.13 cannot hold (F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL); convert the file");
+}
+
+MPX_DECL const char* dtype_to(at::ScalarType t)
+{
+  for (auto& d : safetensors_dtypes)
+    if (t == d.type) return d.name;
+  throw config_error(std::string("mpx: safetensors cannot store dtype ") + c10::toString(t) + "; convert the tensor first");
+}
+
+MPX_DECL Mapping::~Mapping()
+{
+  if (base != MAP_FAILED) ::munmap(base, size);
+}
+
+}  // namespace mpx::detail
+
+namespace mpx
+{
+
+MPX_DECL Safetensors load_safetensors(const std::string& path)
 {
   auto fail = [&](const std::string& what) {
     throw config_error("mpx: " + path + " is not a valid safetensors file: " + what);
@@ -164,9 +190,8 @@ inline Safetensors load_safetensors(const std::string& path)
   return out;
 }
 
-/// Writes a safetensors file atomically (see the file comment).
-inline void save_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
-                             const std::map<std::string, std::string>& metadata = {})
+MPX_DECL void save_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
+                             const std::map<std::string, std::string>& metadata)
 {
   std::vector<std::pair<std::string, at::Tensor>> order;
   for (auto& [k, t] : tensors) {
@@ -213,3 +238,4 @@ inline void save_safetensors(const std::string& path, const std::map<std::string
 }
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

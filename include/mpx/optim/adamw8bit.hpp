@@ -10,6 +10,7 @@
 /// (fp32 AdamW: 8). `save`/`load` round-trip the state, hyper-parameters included.
 
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::optim::Optimizer, torch::optim::AdamWOptions
 
@@ -30,29 +31,9 @@ namespace mpx
 namespace detail
 {
 /// The code books: 256 sorted values in [-1, 1] (signed) or [0, 1] (unsigned).
-inline at::Tensor dynamic_code(bool is_signed)
-{
-  std::vector<float> pos;
-  const int logs = is_signed ? 32 : 64, lins = is_signed ? 96 : 191;
-  for (int j = 0; j < logs; ++j) pos.push_back(float(std::pow(10.0, -7.0 + 6.0 * j / logs)));  // [1e-7, 0.1)
-  for (int i = 0; i < lins; ++i) pos.push_back(float(0.1 + 0.9 * i / (lins - 1)));             // [0.1, 1]
-  std::vector<float> all{0.0f};
-  all.insert(all.end(), pos.begin(), pos.end());
-  if (is_signed)
-    for (std::size_t k = 1; k < pos.size(); ++k) all.push_back(-pos[k]);  // 127 negatives
-  std::sort(all.begin(), all.end());
-  return torch::tensor(all);
-}
-inline const at::Tensor& signed_code()
-{
-  static const at::Tensor c = dynamic_code(true);
-  return c;
-}
-inline const at::Tensor& unsigned_code()
-{
-  static const at::Tensor c = dynamic_code(false);
-  return c;
-}
+MPX_DECL at::Tensor dynamic_code(bool is_signed);
+MPX_DECL const at::Tensor& signed_code();
+MPX_DECL const at::Tensor& unsigned_code();
 }  // namespace detail
 
 /// A tensor in 8 bits, block-wise (see the file comment).
@@ -66,7 +47,111 @@ struct Quantized
 inline constexpr std::int64_t quant_block = 256;
 
 /// Quantizes `x` with the code book `code` (ascending).
-inline Quantized quantize(const at::Tensor& x, const at::Tensor& code)
+MPX_DECL Quantized quantize(const at::Tensor& x, const at::Tensor& code);
+
+/// The fp32 values of a quantized tensor, in `shape`.
+MPX_DECL at::Tensor dequantize(const Quantized& q, const at::Tensor& code, at::IntArrayRef shape);
+
+namespace detail
+{
+/// Nearest-code lookup in O(1): a table indexed by the upper 16 bits of a float (sign, exponent, 7
+/// mantissa bits) gives the first code at or above the bucket's smallest value; a value then needs at
+/// most a step or two forward. Ties go to the lower code, as in `quantize`.
+struct CodeLookup
+{
+  std::vector<float> code;
+  std::vector<std::uint16_t> first;  // per bucket: first index with code >= the bucket's minimum
+  explicit CodeLookup(const at::Tensor& c);
+  int operator()(float x) const;
+};
+MPX_DECL const CodeLookup& signed_lookup();
+MPX_DECL const CodeLookup& unsigned_lookup();
+
+/// One AdamW step of a CPU fp32 parameter whose moments are 8-bit, fused block by block: dequantize,
+/// update the moments and the parameter, requantize. Same arithmetic as the tensor path, one pass over memory.
+MPX_DECL void fused_step_8bit(at::Tensor& p, const at::Tensor& g, Quantized& m8, Quantized& v8, bool first, double lr, double b1, double b2,
+                            double eps, double wd, double c1, double c2);
+}  // namespace detail
+
+/// AdamW with 8-bit block-wise moments (see the file comment).
+class AdamW8bitOptimizer : public torch::optim::Optimizer
+{
+ public:
+  AdamW8bitOptimizer(std::vector<at::Tensor> params, torch::optim::AdamWOptions options, std::int64_t min_8bit_numel = 4096);
+
+  at::Tensor step(LossClosure closure = nullptr) override;
+
+  /// Bytes of optimizer state held for the parameters (moments, block maxima, step counters excluded).
+  std::size_t state_bytes() const;
+
+  /// Parameter `p`'s state as named tensors (`step`, and `m`, `v` or the 8-bit `m8`, `m8max`, `v8`,
+  /// `v8max`); empty before its first step.
+  std::map<std::string, at::Tensor> param_state(const at::Tensor& p) const;
+  /// Sets parameter `p`'s state from what `param_state` gave (onto the parameter's device), or from fp32
+  /// moments `m`, `v` for any parameter (quantized here when it is large); a `config_error` when a field is
+  /// missing or mis-sized.
+  void set_param_state(const at::Tensor& p, const std::map<std::string, at::Tensor>& f);
+
+  /// "p<i>": parameter i's entries in the archive (built without `"p" + std::string`, which GCC 12 at -O2
+  /// reports as a -Wstringop-overflow in libstdc++'s own code).
+  static std::string state_key(std::int64_t i);
+
+  /// Writes moments, steps and hyper-parameters (LibTorch's own optimizer serialisation drops the latter).
+  void save(torch::serialize::OutputArchive& archive) const override;
+
+  void load(torch::serialize::InputArchive& archive) override;
+
+ private:
+  struct State
+  {
+    std::int64_t step = 0;
+    at::Tensor m, v;      // fp32 moments (small tensors)
+    Quantized m8, v8;     // 8-bit moments
+  };
+  std::unordered_map<c10::TensorImpl*, State> state_;
+  std::int64_t min_8bit_;
+};
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::detail
+{
+
+MPX_DECL at::Tensor dynamic_code(bool is_signed)
+{
+  std::vector<float> pos;
+  const int logs = is_signed ? 32 : 64, lins = is_signed ? 96 : 191;
+  for (int j = 0; j < logs; ++j) pos.push_back(float(std::pow(10.0, -7.0 + 6.0 * j / logs)));  // [1e-7, 0.1)
+  for (int i = 0; i < lins; ++i) pos.push_back(float(0.1 + 0.9 * i / (lins - 1)));             // [0.1, 1]
+  std::vector<float> all{0.0f};
+  all.insert(all.end(), pos.begin(), pos.end());
+  if (is_signed)
+    for (std::size_t k = 1; k < pos.size(); ++k) all.push_back(-pos[k]);  // 127 negatives
+  std::sort(all.begin(), all.end());
+  return torch::tensor(all);
+}
+
+MPX_DECL const at::Tensor& signed_code()
+{
+  static const at::Tensor c = dynamic_code(true);
+  return c;
+}
+
+MPX_DECL const at::Tensor& unsigned_code()
+{
+  static const at::Tensor c = dynamic_code(false);
+  return c;
+}
+
+}  // namespace mpx::detail
+
+namespace mpx
+{
+
+MPX_DECL Quantized quantize(const at::Tensor& x, const at::Tensor& code)
 {
   Quantized q;
   q.numel = x.numel();
@@ -84,58 +169,54 @@ inline Quantized quantize(const at::Tensor& x, const at::Tensor& code)
   return q;
 }
 
-/// The fp32 values of a quantized tensor, in `shape`.
-inline at::Tensor dequantize(const Quantized& q, const at::Tensor& code, at::IntArrayRef shape)
+MPX_DECL at::Tensor dequantize(const Quantized& q, const at::Tensor& code, at::IntArrayRef shape)
 {
   auto v = code.to(q.codes.device()).index({q.codes.to(torch::kLong)}) * q.absmax.unsqueeze(1);
   return v.reshape(-1).narrow(0, 0, q.numel).view(shape);
 }
 
-namespace detail
+}  // namespace mpx
+
+namespace mpx::detail
 {
-/// Nearest-code lookup in O(1): a table indexed by the upper 16 bits of a float (sign, exponent, 7
-/// mantissa bits) gives the first code at or above the bucket's smallest value; a value then needs at
-/// most a step or two forward. Ties go to the lower code, as in `quantize`.
-struct CodeLookup
+
+MPX_DECL CodeLookup::CodeLookup(const at::Tensor& c)
+    : code(c.data_ptr<float>(), c.data_ptr<float>() + c.numel()), first(65536)
 {
-  std::vector<float> code;
-  std::vector<std::uint16_t> first;  // per bucket: first index with code >= the bucket's minimum
-  explicit CodeLookup(const at::Tensor& c) : code(c.data_ptr<float>(), c.data_ptr<float>() + c.numel()), first(65536)
-  {
-    for (std::uint32_t k = 0; k < 65536; ++k) {
-      const std::uint32_t bits = (k & 0x8000) ? ((k << 16) | 0xFFFF) : (k << 16);  // most negative / smallest positive
-      float lo;
-      std::memcpy(&lo, &bits, 4);
-      if (std::isnan(lo)) lo = 0;
-      first[k] = std::uint16_t(std::lower_bound(code.begin(), code.end(), lo) - code.begin());
-    }
+  for (std::uint32_t k = 0; k < 65536; ++k) {
+    const std::uint32_t bits = (k & 0x8000) ? ((k << 16) | 0xFFFF) : (k << 16);  // most negative / smallest positive
+    float lo;
+    std::memcpy(&lo, &bits, 4);
+    if (std::isnan(lo)) lo = 0;
+    first[k] = std::uint16_t(std::lower_bound(code.begin(), code.end(), lo) - code.begin());
   }
-  int operator()(float x) const
-  {
-    std::uint32_t bits;
-    std::memcpy(&bits, &x, 4);
-    int i = first[bits >> 16];
-    const int n = int(code.size());
-    while (i < n && code[std::size_t(i)] < x) ++i;
-    if (i >= n) return n - 1;
-    if (i == 0) return 0;
-    return (x - code[std::size_t(i) - 1]) <= (code[std::size_t(i)] - x) ? i - 1 : i;
-  }
-};
-inline const CodeLookup& signed_lookup()
+}
+
+MPX_DECL int CodeLookup::operator()(float x) const
+{
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  int i = first[bits >> 16];
+  const int n = int(code.size());
+  while (i < n && code[std::size_t(i)] < x) ++i;
+  if (i >= n) return n - 1;
+  if (i == 0) return 0;
+  return (x - code[std::size_t(i) - 1]) <= (code[std::size_t(i)] - x) ? i - 1 : i;
+}
+
+MPX_DECL const CodeLookup& signed_lookup()
 {
   static const CodeLookup l(signed_code());
   return l;
 }
-inline const CodeLookup& unsigned_lookup()
+
+MPX_DECL const CodeLookup& unsigned_lookup()
 {
   static const CodeLookup l(unsigned_code());
   return l;
 }
 
-/// One AdamW step of a CPU fp32 parameter whose moments are 8-bit, fused block by block: dequantize,
-/// update the moments and the parameter, requantize. Same arithmetic as the tensor path, one pass over memory.
-inline void fused_step_8bit(at::Tensor& p, const at::Tensor& g, Quantized& m8, Quantized& v8, bool first, double lr, double b1, double b2,
+MPX_DECL void fused_step_8bit(at::Tensor& p, const at::Tensor& g, Quantized& m8, Quantized& v8, bool first, double lr, double b1, double b2,
                             double eps, double wd, double c1, double c2)
 {
   const std::int64_t n = p.numel(), blocks = (n + quant_block - 1) / quant_block;
@@ -194,195 +275,177 @@ inline void fused_step_8bit(at::Tensor& p, const at::Tensor& g, Quantized& m8, Q
     }
   });
 }
-}  // namespace detail
 
-/// AdamW with 8-bit block-wise moments (see the file comment).
-class AdamW8bitOptimizer : public torch::optim::Optimizer
+}  // namespace mpx::detail
+
+namespace mpx
 {
- public:
-  AdamW8bitOptimizer(std::vector<at::Tensor> params, torch::optim::AdamWOptions options, std::int64_t min_8bit_numel = 4096)
-      : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
-                                std::make_unique<torch::optim::AdamWOptions>(options)),
-        min_8bit_(min_8bit_numel)
-  {
-  }
 
-  at::Tensor step(LossClosure closure = nullptr) override
-  {
-    torch::NoGradGuard no_grad;
-    at::Tensor loss;
-    if (closure) {
-      torch::AutoGradMode enable(true);
-      loss = closure();
-    }
-    for (auto& group : param_groups()) {
-      auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
-      const double lr = o.lr(), b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas()), eps = o.eps(), wd = o.weight_decay();
-      for (auto& p : group.params()) {
-        if (!p.grad().defined()) continue;
-        auto& s = state_[p.unsafeGetTensorImpl()];
-        const auto g = p.grad().to(torch::kFloat);
-        const bool eight = p.numel() >= min_8bit_;
-        if (eight && p.device().is_cpu() && p.scalar_type() == at::kFloat && p.is_contiguous()) {
-          ++s.step;
-          const double c1 = 1 - std::pow(b1, double(s.step)), c2 = 1 - std::pow(b2, double(s.step));
-          auto pd = p.detach();
-          detail::fused_step_8bit(pd, g.contiguous(), s.m8, s.v8, s.step == 1, lr, b1, b2, eps, wd, c1, c2);
-          continue;
-        }
-        at::Tensor m, v;
-        if (s.step == 0) {
-          m = torch::zeros_like(g);
-          v = torch::zeros_like(g);
-        } else if (eight) {
-          m = dequantize(s.m8, detail::signed_code(), g.sizes());
-          v = dequantize(s.v8, detail::unsigned_code(), g.sizes());
-        } else {
-          m = s.m;
-          v = s.v;
-        }
+MPX_DECL AdamW8bitOptimizer::AdamW8bitOptimizer(std::vector<at::Tensor> params, torch::optim::AdamWOptions options, std::int64_t min_8bit_numel)
+    : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
+                              std::make_unique<torch::optim::AdamWOptions>(options)),
+      min_8bit_(min_8bit_numel)
+{
+}
+
+MPX_DECL at::Tensor AdamW8bitOptimizer::step(LossClosure closure)
+{
+  torch::NoGradGuard no_grad;
+  at::Tensor loss;
+  if (closure) {
+    torch::AutoGradMode enable(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups()) {
+    auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
+    const double lr = o.lr(), b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas()), eps = o.eps(), wd = o.weight_decay();
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      auto& s = state_[p.unsafeGetTensorImpl()];
+      const auto g = p.grad().to(torch::kFloat);
+      const bool eight = p.numel() >= min_8bit_;
+      if (eight && p.device().is_cpu() && p.scalar_type() == at::kFloat && p.is_contiguous()) {
         ++s.step;
-        m.mul_(b1).add_(g, 1 - b1);
-        v.mul_(b2).addcmul_(g, g, 1 - b2);
         const double c1 = 1 - std::pow(b1, double(s.step)), c2 = 1 - std::pow(b2, double(s.step));
-        p.mul_(1 - lr * wd);  // decoupled weight decay
-        p.addcdiv_(m, (v / c2).sqrt_().add_(eps), -lr / c1);
-        if (eight) {
-          s.m8 = quantize(m, detail::signed_code());
-          s.v8 = quantize(v, detail::unsigned_code());
-          s.m = s.v = at::Tensor();
-        } else {
-          s.m = m;
-          s.v = v;
-        }
+        auto pd = p.detach();
+        detail::fused_step_8bit(pd, g.contiguous(), s.m8, s.v8, s.step == 1, lr, b1, b2, eps, wd, c1, c2);
+        continue;
+      }
+      at::Tensor m, v;
+      if (s.step == 0) {
+        m = torch::zeros_like(g);
+        v = torch::zeros_like(g);
+      } else if (eight) {
+        m = dequantize(s.m8, detail::signed_code(), g.sizes());
+        v = dequantize(s.v8, detail::unsigned_code(), g.sizes());
+      } else {
+        m = s.m;
+        v = s.v;
+      }
+      ++s.step;
+      m.mul_(b1).add_(g, 1 - b1);
+      v.mul_(b2).addcmul_(g, g, 1 - b2);
+      const double c1 = 1 - std::pow(b1, double(s.step)), c2 = 1 - std::pow(b2, double(s.step));
+      p.mul_(1 - lr * wd);  // decoupled weight decay
+      p.addcdiv_(m, (v / c2).sqrt_().add_(eps), -lr / c1);
+      if (eight) {
+        s.m8 = quantize(m, detail::signed_code());
+        s.v8 = quantize(v, detail::unsigned_code());
+        s.m = s.v = at::Tensor();
+      } else {
+        s.m = m;
+        s.v = v;
       }
     }
-    return loss;
   }
+  return loss;
+}
 
-  /// Bytes of optimizer state held for the parameters (moments, block maxima, step counters excluded).
-  std::size_t state_bytes() const
-  {
-    std::size_t n = 0;
-    for (auto& [k, s] : state_) {
-      if (s.m.defined()) n += std::size_t(s.m.numel() + s.v.numel()) * 4;
-      if (s.m8.codes.defined())
-        n += std::size_t(s.m8.codes.numel() + s.v8.codes.numel()) + std::size_t(s.m8.absmax.numel() + s.v8.absmax.numel()) * 4;
-    }
-    return n;
+MPX_DECL std::size_t AdamW8bitOptimizer::state_bytes() const
+{
+  std::size_t n = 0;
+  for (auto& [k, s] : state_) {
+    if (s.m.defined()) n += std::size_t(s.m.numel() + s.v.numel()) * 4;
+    if (s.m8.codes.defined())
+      n += std::size_t(s.m8.codes.numel() + s.v8.codes.numel()) + std::size_t(s.m8.absmax.numel() + s.v8.absmax.numel()) * 4;
   }
+  return n;
+}
 
-  /// Parameter `p`'s state as named tensors (`step`, and `m`, `v` or the 8-bit `m8`, `m8max`, `v8`,
-  /// `v8max`); empty before its first step.
-  std::map<std::string, at::Tensor> param_state(const at::Tensor& p) const
-  {
+MPX_DECL std::map<std::string, at::Tensor> AdamW8bitOptimizer::param_state(const at::Tensor& p) const
+{
+  auto it = state_.find(p.unsafeGetTensorImpl());
+  if (it == state_.end()) return {};
+  const State& s = it->second;
+  if (s.m.defined()) return {{"step", torch::tensor(s.step, torch::kLong)}, {"m", s.m}, {"v", s.v}};
+  return {{"step", torch::tensor(s.step, torch::kLong)}, {"m8", s.m8.codes}, {"m8max", s.m8.absmax}, {"v8", s.v8.codes}, {"v8max", s.v8.absmax}};
+}
+
+MPX_DECL void AdamW8bitOptimizer::set_param_state(const at::Tensor& p, const std::map<std::string, at::Tensor>& f)
+{
+  auto get = [&](const char* k, std::int64_t numel) {
+    auto it = f.find(k);
+    if (it == f.end() || it->second.numel() != numel)
+      throw config_error(std::string("mpx: AdamW8bit state '") + k + "' is missing or of another size for a parameter of " +
+                         std::to_string(p.numel()) + " elements; the optimizer state does not match the model");
+    return it->second.to(p.device()).clone();
+  };
+  State s;
+  s.step = get("step", 1).item<std::int64_t>();
+  if (p.numel() < min_8bit_) {
+    s.m = get("m", p.numel()).view(p.sizes()), s.v = get("v", p.numel()).view(p.sizes());
+  } else if (!f.count("m8") && f.count("m")) {  // fp32 moments (re-cut for another split): quantized here
+    s.m8 = quantize(get("m", p.numel()), detail::signed_code()), s.v8 = quantize(get("v", p.numel()), detail::unsigned_code());
+    s.m8.codes = s.m8.codes.reshape(-1), s.v8.codes = s.v8.codes.reshape(-1);
+  } else {
+    const std::int64_t blocks = (p.numel() + quant_block - 1) / quant_block;
+    s.m8.codes = get("m8", blocks * quant_block), s.m8.absmax = get("m8max", blocks);
+    s.v8.codes = get("v8", blocks * quant_block), s.v8.absmax = get("v8max", blocks);
+    s.m8.numel = s.v8.numel = p.numel();
+  }
+  state_[p.unsafeGetTensorImpl()] = s;
+}
+
+MPX_DECL std::string AdamW8bitOptimizer::state_key(std::int64_t i)
+{
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "p%lld", static_cast<long long>(i));
+  return buf;
+}
+
+MPX_DECL void AdamW8bitOptimizer::save(torch::serialize::OutputArchive& archive) const
+{
+  const auto& o = static_cast<const torch::optim::AdamWOptions&>(param_groups().at(0).options());
+  archive.write("hyper", torch::tensor({o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay()},
+                                       torch::kDouble));
+  std::int64_t i = 0;
+  for (auto& p : param_groups().at(0).params()) {
+    const std::string k = state_key(i++);
     auto it = state_.find(p.unsafeGetTensorImpl());
-    if (it == state_.end()) return {};
+    if (it == state_.end()) continue;
     const State& s = it->second;
-    if (s.m.defined()) return {{"step", torch::tensor(s.step, torch::kLong)}, {"m", s.m}, {"v", s.v}};
-    return {{"step", torch::tensor(s.step, torch::kLong)}, {"m8", s.m8.codes}, {"m8max", s.m8.absmax}, {"v8", s.v8.codes}, {"v8max", s.v8.absmax}};
-  }
-  /// Sets parameter `p`'s state from what `param_state` gave (onto the parameter's device), or from fp32
-  /// moments `m`, `v` for any parameter (quantized here when it is large); a `config_error` when a field is
-  /// missing or mis-sized.
-  void set_param_state(const at::Tensor& p, const std::map<std::string, at::Tensor>& f)
-  {
-    auto get = [&](const char* k, std::int64_t numel) {
-      auto it = f.find(k);
-      if (it == f.end() || it->second.numel() != numel)
-        throw config_error(std::string("mpx: AdamW8bit state '") + k + "' is missing or of another size for a parameter of " +
-                           std::to_string(p.numel()) + " elements; the optimizer state does not match the model");
-      return it->second.to(p.device()).clone();
-    };
-    State s;
-    s.step = get("step", 1).item<std::int64_t>();
-    if (p.numel() < min_8bit_) {
-      s.m = get("m", p.numel()).view(p.sizes()), s.v = get("v", p.numel()).view(p.sizes());
-    } else if (!f.count("m8") && f.count("m")) {  // fp32 moments (re-cut for another split): quantized here
-      s.m8 = quantize(get("m", p.numel()), detail::signed_code()), s.v8 = quantize(get("v", p.numel()), detail::unsigned_code());
-      s.m8.codes = s.m8.codes.reshape(-1), s.v8.codes = s.v8.codes.reshape(-1);
+    archive.write(k + ".step", torch::tensor(s.step, torch::kLong));
+    if (s.m.defined()) {
+      archive.write(k + ".m", s.m);
+      archive.write(k + ".v", s.v);
     } else {
-      const std::int64_t blocks = (p.numel() + quant_block - 1) / quant_block;
-      s.m8.codes = get("m8", blocks * quant_block), s.m8.absmax = get("m8max", blocks);
-      s.v8.codes = get("v8", blocks * quant_block), s.v8.absmax = get("v8max", blocks);
+      archive.write(k + ".m8", s.m8.codes);
+      archive.write(k + ".m8max", s.m8.absmax);
+      archive.write(k + ".v8", s.v8.codes);
+      archive.write(k + ".v8max", s.v8.absmax);
+    }
+  }
+}
+
+MPX_DECL void AdamW8bitOptimizer::load(torch::serialize::InputArchive& archive)
+{
+  at::Tensor h;
+  archive.read("hyper", h);
+  auto& o = static_cast<torch::optim::AdamWOptions&>(param_groups().at(0).options());
+  auto hp = h.accessor<double, 1>();
+  o.lr(hp[0]).betas({hp[1], hp[2]}).eps(hp[3]).weight_decay(hp[4]);
+  std::int64_t i = 0;
+  for (auto& p : param_groups().at(0).params()) {
+    const std::string k = state_key(i++);
+    at::Tensor step;
+    if (!archive.try_read(k + ".step", step)) continue;
+    State s;
+    s.step = step.item<std::int64_t>();
+    if (p.numel() < min_8bit_) {  // read onto the parameter's device (a CUDA run's state comes back as CUDA)
+      archive.read(k + ".m", s.m);
+      archive.read(k + ".v", s.v);
+      s.m = s.m.to(p.device()), s.v = s.v.to(p.device());
+    } else {
+      archive.read(k + ".m8", s.m8.codes);
+      archive.read(k + ".m8max", s.m8.absmax);
+      archive.read(k + ".v8", s.v8.codes);
+      archive.read(k + ".v8max", s.v8.absmax);
+      for (auto* t : {&s.m8.codes, &s.m8.absmax, &s.v8.codes, &s.v8.absmax}) *t = t->to(p.device());
       s.m8.numel = s.v8.numel = p.numel();
     }
     state_[p.unsafeGetTensorImpl()] = s;
   }
-
-  /// "p<i>": parameter i's entries in the archive (built without `"p" + std::string`, which GCC 12 at -O2
-  /// reports as a -Wstringop-overflow in libstdc++'s own code).
-  static std::string state_key(std::int64_t i)
-  {
-    char buf[24];
-    std::snprintf(buf, sizeof buf, "p%lld", static_cast<long long>(i));
-    return buf;
-  }
-
-  /// Writes moments, steps and hyper-parameters (LibTorch's own optimizer serialisation drops the latter).
-  void save(torch::serialize::OutputArchive& archive) const override
-  {
-    const auto& o = static_cast<const torch::optim::AdamWOptions&>(param_groups().at(0).options());
-    archive.write("hyper", torch::tensor({o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay()},
-                                         torch::kDouble));
-    std::int64_t i = 0;
-    for (auto& p : param_groups().at(0).params()) {
-      const std::string k = state_key(i++);
-      auto it = state_.find(p.unsafeGetTensorImpl());
-      if (it == state_.end()) continue;
-      const State& s = it->second;
-      archive.write(k + ".step", torch::tensor(s.step, torch::kLong));
-      if (s.m.defined()) {
-        archive.write(k + ".m", s.m);
-        archive.write(k + ".v", s.v);
-      } else {
-        archive.write(k + ".m8", s.m8.codes);
-        archive.write(k + ".m8max", s.m8.absmax);
-        archive.write(k + ".v8", s.v8.codes);
-        archive.write(k + ".v8max", s.v8.absmax);
-      }
-    }
-  }
-
-  void load(torch::serialize::InputArchive& archive) override
-  {
-    at::Tensor h;
-    archive.read("hyper", h);
-    auto& o = static_cast<torch::optim::AdamWOptions&>(param_groups().at(0).options());
-    auto hp = h.accessor<double, 1>();
-    o.lr(hp[0]).betas({hp[1], hp[2]}).eps(hp[3]).weight_decay(hp[4]);
-    std::int64_t i = 0;
-    for (auto& p : param_groups().at(0).params()) {
-      const std::string k = state_key(i++);
-      at::Tensor step;
-      if (!archive.try_read(k + ".step", step)) continue;
-      State s;
-      s.step = step.item<std::int64_t>();
-      if (p.numel() < min_8bit_) {  // read onto the parameter's device (a CUDA run's state comes back as CUDA)
-        archive.read(k + ".m", s.m);
-        archive.read(k + ".v", s.v);
-        s.m = s.m.to(p.device()), s.v = s.v.to(p.device());
-      } else {
-        archive.read(k + ".m8", s.m8.codes);
-        archive.read(k + ".m8max", s.m8.absmax);
-        archive.read(k + ".v8", s.v8.codes);
-        archive.read(k + ".v8max", s.v8.absmax);
-        for (auto* t : {&s.m8.codes, &s.m8.absmax, &s.v8.codes, &s.v8.absmax}) *t = t->to(p.device());
-        s.m8.numel = s.v8.numel = p.numel();
-      }
-      state_[p.unsafeGetTensorImpl()] = s;
-    }
-  }
-
- private:
-  struct State
-  {
-    std::int64_t step = 0;
-    at::Tensor m, v;      // fp32 moments (small tensors)
-    Quantized m8, v8;     // 8-bit moments
-  };
-  std::unordered_map<c10::TensorImpl*, State> state_;
-  std::int64_t min_8bit_;
-};
+}
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

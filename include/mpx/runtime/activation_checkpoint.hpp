@@ -11,6 +11,7 @@
 /// `Stage<..., CheckpointBlocks>` turns on `checkpoint_block`, with which a module marks its blocks.
 
 #include <mpx/tp/dropout.hpp>  // mpx::tp::split_region_generator
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::autograd::Function, at::detail::getDefaultCPUGenerator, at::globalContext
 
@@ -25,33 +26,9 @@ namespace mpx
 namespace detail
 {
 /// The generators a region on `inputs` draws from: CPU's, split regions', and each CUDA device's that an input is on.
-inline std::vector<at::Generator> generators_of(at::TensorList inputs)
-{
-  std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator(), tp::split_region_generator()};
-  std::vector<c10::DeviceIndex> seen;
-  for (const auto& t : inputs)
-    if (t.defined() && t.is_cuda() && std::find(seen.begin(), seen.end(), t.device().index()) == seen.end()) {
-      seen.push_back(t.device().index());
-      gens.push_back(at::globalContext().defaultGenerator(t.device()));
-    }
-  return gens;
-}
-inline std::vector<at::Tensor> get_states(std::vector<at::Generator>& gens)
-{
-  std::vector<at::Tensor> out;
-  for (auto& g : gens) {
-    std::lock_guard<std::mutex> lock(g.mutex());
-    out.push_back(g.get_state());
-  }
-  return out;
-}
-inline void set_states(std::vector<at::Generator>& gens, const std::vector<at::Tensor>& states)
-{
-  for (std::size_t i = 0; i < gens.size(); ++i) {
-    std::lock_guard<std::mutex> lock(gens[i].mutex());
-    gens[i].set_state(states[i]);
-  }
-}
+MPX_DECL std::vector<at::Generator> generators_of(at::TensorList inputs);
+MPX_DECL std::vector<at::Tensor> get_states(std::vector<at::Generator>& gens);
+MPX_DECL void set_states(std::vector<at::Generator>& gens, const std::vector<at::Tensor>& states);
 
 /// The recomputable forward, kept in the autograd graph's saved data.
 struct CheckpointClosure : torch::CustomClassHolder
@@ -63,71 +40,15 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction>
 {
   /// `all` = inputs..., params...; the first `n_inputs` are the inputs.
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, c10::intrusive_ptr<CheckpointClosure> fn,
-                                                int64_t n_inputs, at::TensorList all)
-  {
-    auto gens = generators_of(all.slice(0, std::size_t(n_inputs)));
-    ctx->saved_data["rng"] = c10::List<at::Tensor>(get_states(gens));
-    c10::List<bool> wants;
-    for (const auto& t : all) wants.push_back(t.defined() && t.requires_grad());
-    ctx->saved_data["wants"] = wants;
-    ctx->saved_data["fn"] = c10::IValue::make_capsule(fn);
-    ctx->saved_data["n"] = n_inputs;
-    ctx->save_for_backward(std::vector<at::Tensor>(all.begin(), all.end()));
-    auto outs = fn->fn(std::vector<at::Tensor>(all.begin(), all.begin() + n_inputs));  // runs without a graph
-    for (auto& o : outs)
-      if (o.defined() && !o.is_floating_point()) ctx->mark_non_differentiable({o});
-    return outs;
-  }
+                                                int64_t n_inputs, at::TensorList all);
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad_out)
-  {
-    auto saved = ctx->get_saved_variables();
-    const auto n = ctx->saved_data["n"].toInt();
-    const auto wants = ctx->saved_data["wants"].toBoolList();
-    auto fn = c10::static_intrusive_pointer_cast<CheckpointClosure>(ctx->saved_data["fn"].toCapsule());
-    std::vector<at::Tensor> inputs;
-    for (int64_t i = 0; i < n; ++i)
-      inputs.push_back(saved[std::size_t(i)].defined() ? saved[std::size_t(i)].detach().requires_grad_(wants[std::size_t(i)])
-                                                       : at::Tensor());
-    // recompute with the forward's random numbers, then put the generator back
-    auto gens = generators_of(inputs);
-    const auto now = get_states(gens);
-    set_states(gens, ctx->saved_data["rng"].toTensorVector());
-    std::vector<at::Tensor> outs;
-    {
-      torch::AutoGradMode enable(true);
-      outs = fn->fn(inputs);
-    }
-    set_states(gens, now);
-    std::vector<at::Tensor> ys, gys, wrt;
-    for (std::size_t i = 0; i < outs.size() && i < grad_out.size(); ++i)
-      if (outs[i].defined() && outs[i].requires_grad() && grad_out[i].defined()) {
-        ys.push_back(outs[i]);
-        gys.push_back(grad_out[i]);
-      }
-    std::vector<std::size_t> where;
-    for (std::size_t i = 0; i < saved.size(); ++i)
-      if (wants[i]) {
-        wrt.push_back(std::int64_t(i) < n ? inputs[i] : saved[i]);
-        where.push_back(i);
-      }
-    torch::autograd::variable_list result(2 + saved.size());  // fn, n_inputs, then one per tensor
-    if (!ys.empty() && !wrt.empty()) {
-      auto g = torch::autograd::grad(ys, wrt, gys, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
-      for (std::size_t k = 0; k < where.size(); ++k) result[2 + where[k]] = g[k];
-    }
-    return result;
-  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad_out);
 };
 }  // namespace detail
 
 namespace detail
 {
-inline bool& block_checkpointing_flag()
-{
-  thread_local bool on = false;
-  return on;
-}
+MPX_DECL bool& block_checkpointing_flag();
 }  // namespace detail
 
 /// While alive, `checkpoint_block` checkpoints on this thread (the trainer opens one around the forward of a
@@ -146,11 +67,7 @@ class BlockCheckpointing
 
 namespace detail
 {
-inline std::vector<at::Tensor>*& block_boundaries()
-{
-  thread_local std::vector<at::Tensor>* list = nullptr;
-  return list;
-}
+MPX_DECL std::vector<at::Tensor>*& block_boundaries();
 }  // namespace detail
 
 /// While alive, every `checkpoint_block` on this thread appends its block's input and output to `list`.
@@ -194,7 +111,122 @@ at::Tensor checkpoint_block(torch::nn::Module& block, Fn&& fn, const at::Tensor&
 
 /// Runs `fn(inputs)` keeping only `inputs` for backward, which recomputes `fn` (see the file comment).
 /// `params` are the parameters `fn` uses: their gradients flow through the recomputation.
-inline std::vector<at::Tensor> checkpoint(std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)> fn,
+MPX_DECL std::vector<at::Tensor> checkpoint(std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)> fn,
+                                          const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& params);
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::detail
+{
+
+MPX_DECL std::vector<at::Generator> generators_of(at::TensorList inputs)
+{
+  std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator(), tp::split_region_generator()};
+  std::vector<c10::DeviceIndex> seen;
+  for (const auto& t : inputs)
+    if (t.defined() && t.is_cuda() && std::find(seen.begin(), seen.end(), t.device().index()) == seen.end()) {
+      seen.push_back(t.device().index());
+      gens.push_back(at::globalContext().defaultGenerator(t.device()));
+    }
+  return gens;
+}
+
+MPX_DECL std::vector<at::Tensor> get_states(std::vector<at::Generator>& gens)
+{
+  std::vector<at::Tensor> out;
+  for (auto& g : gens) {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    out.push_back(g.get_state());
+  }
+  return out;
+}
+
+MPX_DECL void set_states(std::vector<at::Generator>& gens, const std::vector<at::Tensor>& states)
+{
+  for (std::size_t i = 0; i < gens.size(); ++i) {
+    std::lock_guard<std::mutex> lock(gens[i].mutex());
+    gens[i].set_state(states[i]);
+  }
+}
+
+MPX_DECL torch::autograd::variable_list CheckpointFunction::forward(torch::autograd::AutogradContext* ctx,
+                                                                    c10::intrusive_ptr<CheckpointClosure> fn, int64_t n_inputs, at::TensorList all)
+{
+  auto gens = generators_of(all.slice(0, std::size_t(n_inputs)));
+  ctx->saved_data["rng"] = c10::List<at::Tensor>(get_states(gens));
+  c10::List<bool> wants;
+  for (const auto& t : all) wants.push_back(t.defined() && t.requires_grad());
+  ctx->saved_data["wants"] = wants;
+  ctx->saved_data["fn"] = c10::IValue::make_capsule(fn);
+  ctx->saved_data["n"] = n_inputs;
+  ctx->save_for_backward(std::vector<at::Tensor>(all.begin(), all.end()));
+  auto outs = fn->fn(std::vector<at::Tensor>(all.begin(), all.begin() + n_inputs));  // runs without a graph
+  for (auto& o : outs)
+    if (o.defined() && !o.is_floating_point()) ctx->mark_non_differentiable({o});
+  return outs;
+}
+
+MPX_DECL torch::autograd::variable_list CheckpointFunction::backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad_out)
+{
+  auto saved = ctx->get_saved_variables();
+  const auto n = ctx->saved_data["n"].toInt();
+  const auto wants = ctx->saved_data["wants"].toBoolList();
+  auto fn = c10::static_intrusive_pointer_cast<CheckpointClosure>(ctx->saved_data["fn"].toCapsule());
+  std::vector<at::Tensor> inputs;
+  for (int64_t i = 0; i < n; ++i)
+    inputs.push_back(saved[std::size_t(i)].defined() ? saved[std::size_t(i)].detach().requires_grad_(wants[std::size_t(i)])
+                                                     : at::Tensor());
+  // recompute with the forward's random numbers, then put the generator back
+  auto gens = generators_of(inputs);
+  const auto now = get_states(gens);
+  set_states(gens, ctx->saved_data["rng"].toTensorVector());
+  std::vector<at::Tensor> outs;
+  {
+    torch::AutoGradMode enable(true);
+    outs = fn->fn(inputs);
+  }
+  set_states(gens, now);
+  std::vector<at::Tensor> ys, gys, wrt;
+  for (std::size_t i = 0; i < outs.size() && i < grad_out.size(); ++i)
+    if (outs[i].defined() && outs[i].requires_grad() && grad_out[i].defined()) {
+      ys.push_back(outs[i]);
+      gys.push_back(grad_out[i]);
+    }
+  std::vector<std::size_t> where;
+  for (std::size_t i = 0; i < saved.size(); ++i)
+    if (wants[i]) {
+      wrt.push_back(std::int64_t(i) < n ? inputs[i] : saved[i]);
+      where.push_back(i);
+    }
+  torch::autograd::variable_list result(2 + saved.size());  // fn, n_inputs, then one per tensor
+  if (!ys.empty() && !wrt.empty()) {
+    auto g = torch::autograd::grad(ys, wrt, gys, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+    for (std::size_t k = 0; k < where.size(); ++k) result[2 + where[k]] = g[k];
+  }
+  return result;
+}
+
+MPX_DECL bool& block_checkpointing_flag()
+{
+  thread_local bool on = false;
+  return on;
+}
+
+MPX_DECL std::vector<at::Tensor>*& block_boundaries()
+{
+  thread_local std::vector<at::Tensor>* list = nullptr;
+  return list;
+}
+
+}  // namespace mpx::detail
+
+namespace mpx
+{
+
+MPX_DECL std::vector<at::Tensor> checkpoint(std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)> fn,
                                           const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& params)
 {
   auto holder = c10::make_intrusive<detail::CheckpointClosure>();
@@ -205,3 +237,4 @@ inline std::vector<at::Tensor> checkpoint(std::function<std::vector<at::Tensor>(
 }
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

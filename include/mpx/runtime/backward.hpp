@@ -9,6 +9,7 @@
 /// activation-gradient chain again (libtorch-notes §5). A parameter reached from several boundaries (shared
 /// between blocks) or from none takes the whole graph. Every parameter's gradient is computed once.
 
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 #include <torch/csrc/autograd/functions/accumulate_grad.h>  // torch::autograd::AccumulateGrad
 #include <torch/torch.h>                                    // torch::autograd::backward, torch::autograd::grad
 
@@ -26,7 +27,43 @@ inline constexpr int several_segments = -2;
 
 /// The block boundaries a W pass can start from: tensors in the graph (whose grad_fn has one output, so
 /// that stopping there cuts no other path), once each, not the stage's own outputs.
-inline std::vector<at::Tensor> usable_boundaries(const std::vector<at::Tensor>& bounds, const std::vector<at::Tensor>& outputs)
+MPX_DECL std::vector<at::Tensor> usable_boundaries(const std::vector<at::Tensor>& bounds, const std::vector<at::Tensor>& outputs);
+
+/// For each parameter (by TensorImpl) reached from the outputs (-1) or from boundary k (k) without
+/// crossing another boundary: its segment, or several_segments when it is reached from more than one.
+MPX_DECL std::unordered_map<c10::TensorImpl*, int> boundary_segments(const std::vector<at::Tensor>& outputs,
+                                                                   const std::vector<at::Tensor>& bounds);
+}  // namespace detail
+
+/// B: backpropagates `grads` from `outs` (empty: nothing to do) into the parameters and the inputs;
+/// returns each input's gradient (undefined where the input needs none).
+MPX_DECL std::vector<at::Tensor> full_backward(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& grads,
+                                             const std::vector<at::Tensor>& inputs);
+
+/// What I leaves for W and for the previous stage.
+struct InputGradients
+{
+  std::vector<at::Tensor> inputs;  ///< per input (undefined where none is needed)
+  std::vector<at::Tensor> bounds;  ///< per usable block boundary, for W
+};
+
+/// I: the gradients of the inputs and of the block boundaries `bounds`; keeps the graph for W.
+MPX_DECL InputGradients input_backward(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& grads,
+                                     const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& bounds);
+
+/// W: the gradients of `trainable` (see the file comment), after I kept `bound_grads` for `bounds`.
+MPX_DECL void weight_backward(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& grads,
+                            const std::vector<at::Tensor>& bounds, const std::vector<at::Tensor>& bound_grads,
+                            const std::vector<at::Tensor>& trainable);
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::detail
+{
+MPX_DECL std::vector<at::Tensor> usable_boundaries(const std::vector<at::Tensor>& bounds, const std::vector<at::Tensor>& outputs)
 {
   std::vector<torch::autograd::Node*> seen;
   for (const auto& o : outputs)
@@ -42,9 +79,7 @@ inline std::vector<at::Tensor> usable_boundaries(const std::vector<at::Tensor>& 
   return out;
 }
 
-/// For each parameter (by TensorImpl) reached from the outputs (-1) or from boundary k (k) without
-/// crossing another boundary: its segment, or several_segments when it is reached from more than one.
-inline std::unordered_map<c10::TensorImpl*, int> boundary_segments(const std::vector<at::Tensor>& outputs,
+MPX_DECL std::unordered_map<c10::TensorImpl*, int> boundary_segments(const std::vector<at::Tensor>& outputs,
                                                                    const std::vector<at::Tensor>& bounds)
 {
   using torch::autograd::Node;
@@ -74,11 +109,12 @@ inline std::unordered_map<c10::TensorImpl*, int> boundary_segments(const std::ve
   for (std::size_t k = 0; k < bounds.size(); ++k) visit({bounds[k].grad_fn().get()}, int(k));
   return where;
 }
-}  // namespace detail
 
-/// B: backpropagates `grads` from `outs` (empty: nothing to do) into the parameters and the inputs;
-/// returns each input's gradient (undefined where the input needs none).
-inline std::vector<at::Tensor> full_backward(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& grads,
+}  // namespace mpx::detail
+
+namespace mpx
+{
+MPX_DECL std::vector<at::Tensor> full_backward(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& grads,
                                              const std::vector<at::Tensor>& inputs)
 {
   std::vector<at::Tensor> input_grads(inputs.size());
@@ -89,15 +125,7 @@ inline std::vector<at::Tensor> full_backward(const std::vector<at::Tensor>& outs
   return input_grads;
 }
 
-/// What I leaves for W and for the previous stage.
-struct InputGradients
-{
-  std::vector<at::Tensor> inputs;  ///< per input (undefined where none is needed)
-  std::vector<at::Tensor> bounds;  ///< per usable block boundary, for W
-};
-
-/// I: the gradients of the inputs and of the block boundaries `bounds`; keeps the graph for W.
-inline InputGradients input_backward(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& grads,
+MPX_DECL InputGradients input_backward(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& grads,
                                      const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& bounds)
 {
   InputGradients g;
@@ -116,8 +144,7 @@ inline InputGradients input_backward(const std::vector<at::Tensor>& outs, const 
   return g;
 }
 
-/// W: the gradients of `trainable` (see the file comment), after I kept `bound_grads` for `bounds`.
-inline void weight_backward(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& grads,
+MPX_DECL void weight_backward(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& grads,
                             const std::vector<at::Tensor>& bounds, const std::vector<at::Tensor>& bound_grads,
                             const std::vector<at::Tensor>& trainable)
 {
@@ -144,3 +171,4 @@ inline void weight_backward(const std::vector<at::Tensor>& outs, const std::vect
 }
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

@@ -19,6 +19,7 @@
 #include <mpx/runtime/shm_links.hpp>  // mpx::ShmLinks, mpx::ShmRing
 #include <mpx/runtime/wire.hpp>       // mpx::send_tensors, mpx::post_recv, mpx::finish_recv, mpx::Receiver
 #include <mpx/runtime/world.hpp>      // mpx::World
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <chrono>   // std::chrono::steady_clock
 #include <deque>    // std::deque
@@ -36,156 +37,46 @@ class BoundaryLinks
  public:
   using clock = std::chrono::steady_clock;
 
-  explicit BoundaryLinks(World& w)
-      : pp_(w.pp), lanes_(w.lanes), degree_(w.degree), tp_rank_(w.tp_rank), tp_size_(w.tp_size), comm_(w.comm_device),
-        timeout_(w.timeout), shm_(w, packing()), receiver_(packing() ? nullptr : std::make_unique<Receiver>(w.pp, w.timeout))
-  {
-  }
+  explicit BoundaryLinks(World& w);
 
   /// The lanes a value for slot `dst` leaves this rank on (see the file comment); none when another
   /// rank of this slot serves all of dst's ranks.
-  std::vector<int> send_lanes(int dst) const
-  {
-    std::vector<int> out;
-    for (int j = tp_rank_; j < degree_[std::size_t(dst)]; j += tp_size_) out.push_back(j);
-    return out;
-  }
+  std::vector<int> send_lanes(int dst) const;
 
   /// Over Gloo (CPU messages) values travel packed; over NCCL as header + payloads.
   bool packing() const { return comm_.is_cpu(); }
 
   /// At a step's start: each channel's room becomes the largest payload of the steps before.
-  void next_step()
-  {
-    for (auto* sizes : {&sent_, &received_})
-      for (auto& [key, size] : *sizes) size.next_step();
-  }
+  void next_step();
 
   /// Posts the receive of one value from slot `src` on `channel`.
-  std::unique_ptr<PendingRecv> post(int src, int channel, Expect e, std::string what)
-  {
-    auto r = std::make_unique<PendingRecv>();
-    guarded([&] { r->ring = shm_.incoming(tp_rank_, src, channel); });
-    if (r->ring) {
-      r->src = src, r->channel = channel, r->expect = std::move(e), r->what = std::move(what);
-      posted_[r->ring].push_back(r.get());
-      return r;
-    }
-    guarded([&] {
-      post_recv(*r, pp_, src, channel, std::move(e), std::move(what), comm_, packing() ? &received_[{tp_rank_, src, channel}] : nullptr);
-    });
-    if (receiver_) receiver_->add(r.get());
-    return r;
-  }
+  std::unique_ptr<PendingRecv> post(int src, int channel, Expect e, std::string what);
 
   /// Waits for a posted receive and returns its tensors (gradients: checked against the activations
   /// `like`); adds the time waited to `waited`.
-  std::vector<at::Tensor> take(std::unique_ptr<PendingRecv>& r, clock::duration& waited, const std::vector<at::Tensor>& like = {})
-  {
-    const auto w0 = clock::now();
-    std::vector<at::Tensor> out;
-    guarded([&] {
-      if (r->ring) arrive(*r);
-      else if (receiver_) receiver_->await(*r);
-      out = finish_recv(pp_, *r, timeout_, like);
-    });
-    r.reset();
-    waited += clock::now() - w0;
-    return out;
-  }
+  std::vector<at::Tensor> take(std::unique_ptr<PendingRecv>& r, clock::duration& waited, const std::vector<at::Tensor>& like = {});
 
   /// Starts sending one value (or its gradients) to slot `dst`, on every lane of `send_lanes(dst)`; `what`
   /// names it in errors.
-  void send(int dst, int channel, int stage, int mb, bool gradient, const std::vector<at::Tensor>& ts, at::ScalarType wire, const std::string& what)
-  {
-    release_completed_sends();
-    for (int lane : send_lanes(dst))
-      guarded([&] {
-        if (ShmRing* ring = shm_.outgoing(lane, dst, channel)) {
-          send_shm(*ring, lanes_[std::size_t(lane)], dst, channel, detail::make_message(stage, mb, gradient, ts, wire, comm_), what);
-          return;
-        }
-        sends_.push_back(send_tensors(lanes_[std::size_t(lane)], dst, channel, stage, mb, gradient, ts, wire, what, comm_,
-                                      packing() ? &sent_[{lane, dst, channel}] : nullptr));
-      });
-  }
+  void send(int dst, int channel, int stage, int mb, bool gradient, const std::vector<at::Tensor>& ts, at::ScalarType wire, const std::string& what);
 
   /// Lets go of the sends that have completed without error, oldest first: their buffers (a stage's
   /// output, which a forward-only stage keeps no other way) are freed as soon as the peer has them. A
   /// failed one stays, for `finish_sends` to report.
-  void release_completed_sends()
-  {
-    std::size_t done = 0;
-    for (; done < sends_.size(); ++done) {
-      bool complete = true;
-      for (auto& wk : sends_[done].works) complete = complete && wk->isCompleted() && !wk->exception();
-      if (!complete) break;
-    }
-    sends_.erase(sends_.begin(), sends_.begin() + std::ptrdiff_t(done));
-  }
+  void release_completed_sends();
 
   /// Waits until every send started since the last call has completed.
-  void finish_sends()
-  {
-    for (auto& s : sends_)
-      for (auto& wk : s.works) {
-        try {
-          wk->wait(timeout_);
-        } catch (const std::exception& e) {
-          sends_.clear();
-          throw peer_error(s.what + ": the send did not complete: " + e.what());
-        }
-      }
-    sends_.clear();
-  }
+  void finish_sends();
 
  private:
   /// A same-host channel: the message packed straight into the ring, or — when the ring has no room for
   /// it — a frame saying so, and the packed message over Gloo (the receiver receives it there).
-  void send_shm(ShmRing& ring, ProcessGroupPtr& pg, int dst, int channel, detail::OutgoingMessage m, const std::string& what)
-  {
-    m.header.data_ptr<std::int64_t>()[5] = m.bytes;
-    const auto total = std::uint64_t(detail::header_bytes + m.bytes);
-    const bool inline_sent = ring.try_write(total, [&](auto put) {
-      detail::for_each_packed_piece(m, [&](const void* src, std::int64_t n) {
-        static constexpr std::uint8_t zeros[detail::align] = {};
-        put(src != nullptr ? src : zeros, std::uint64_t(n));
-      });
-    });
-    if (inline_sent) return;
-    ring.write_over_group(total, what);
-    PendingSend p;
-    p.what = what;
-    std::vector<at::Tensor> v{detail::pack_message(m)};
-    p.works.push_back(pg->send(v, dst, detail::header_tag(channel)));
-    p.keep = std::move(v);
-    sends_.push_back(std::move(p));
-  }
+  void send_shm(ShmRing& ring, ProcessGroupPtr& pg, int dst, int channel, detail::OutgoingMessage m, const std::string& what);
 
   /// Reads ring messages into the receives posted on it, oldest first, until `r` has its own (it may have
   /// it already: an earlier take read past it), checking each header as it lands (post_payloads: packed,
   /// so nothing more to receive).
-  void arrive(PendingRecv& r)
-  {
-    auto& queue = posted_[r.ring];
-    while (!r.header.defined()) {
-      if (queue.empty()) throw peer_error(r.what + ": taken twice, or never posted (mpx bug)");
-      PendingRecv& next = *queue.front();
-      queue.pop_front();
-      bool over = false;
-      std::uint64_t bytes = 0;
-      next.header = next.ring->read(over, bytes, next.what);
-      if (over) {  // this one came over Gloo
-        next.header = torch::empty({std::int64_t(bytes)}, torch::kByte);
-        std::vector<at::Tensor> v{next.header};
-        pp_->recv(v, next.src, detail::header_tag(next.channel))->wait(timeout_);
-      }
-      if (next.header.numel() < detail::header_bytes)
-        throw peer_error(next.what + ": a message of " + std::to_string(next.header.numel()) + " bytes, shorter than its header (" +
-                         std::to_string(detail::header_bytes) + ")");
-      detail::post_payloads(pp_, next);
-    }
-  }
+  void arrive(PendingRecv& r);
 
   /// Runs `f`; any failure but a configuration error becomes a peer_error.
   template <class F>
@@ -216,3 +107,143 @@ class BoundaryLinks
 };
 
 }  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx
+{
+
+MPX_DECL BoundaryLinks::BoundaryLinks(World& w)
+    : pp_(w.pp), lanes_(w.lanes), degree_(w.degree), tp_rank_(w.tp_rank), tp_size_(w.tp_size), comm_(w.comm_device),
+      timeout_(w.timeout), shm_(w, packing()), receiver_(packing() ? nullptr : std::make_unique<Receiver>(w.pp, w.timeout))
+{
+}
+
+MPX_DECL std::vector<int> BoundaryLinks::send_lanes(int dst) const
+{
+  std::vector<int> out;
+  for (int j = tp_rank_; j < degree_[std::size_t(dst)]; j += tp_size_) out.push_back(j);
+  return out;
+}
+
+MPX_DECL void BoundaryLinks::next_step()
+{
+  for (auto* sizes : {&sent_, &received_})
+    for (auto& [key, size] : *sizes) size.next_step();
+}
+
+MPX_DECL std::unique_ptr<PendingRecv> BoundaryLinks::post(int src, int channel, Expect e, std::string what)
+{
+  auto r = std::make_unique<PendingRecv>();
+  guarded([&] { r->ring = shm_.incoming(tp_rank_, src, channel); });
+  if (r->ring) {
+    r->src = src, r->channel = channel, r->expect = std::move(e), r->what = std::move(what);
+    posted_[r->ring].push_back(r.get());
+    return r;
+  }
+  guarded([&] {
+    post_recv(*r, pp_, src, channel, std::move(e), std::move(what), comm_, packing() ? &received_[{tp_rank_, src, channel}] : nullptr);
+  });
+  if (receiver_) receiver_->add(r.get());
+  return r;
+}
+
+MPX_DECL std::vector<at::Tensor> BoundaryLinks::take(std::unique_ptr<PendingRecv>& r, clock::duration& waited, const std::vector<at::Tensor>& like)
+{
+  const auto w0 = clock::now();
+  std::vector<at::Tensor> out;
+  guarded([&] {
+    if (r->ring) arrive(*r);
+    else if (receiver_) receiver_->await(*r);
+    out = finish_recv(pp_, *r, timeout_, like);
+  });
+  r.reset();
+  waited += clock::now() - w0;
+  return out;
+}
+
+MPX_DECL void BoundaryLinks::send(int dst, int channel, int stage, int mb, bool gradient,
+                                  const std::vector<at::Tensor>& ts, at::ScalarType wire, const std::string& what)
+{
+  release_completed_sends();
+  for (int lane : send_lanes(dst))
+    guarded([&] {
+      if (ShmRing* ring = shm_.outgoing(lane, dst, channel)) {
+        send_shm(*ring, lanes_[std::size_t(lane)], dst, channel, detail::make_message(stage, mb, gradient, ts, wire, comm_), what);
+        return;
+      }
+      sends_.push_back(send_tensors(lanes_[std::size_t(lane)], dst, channel, stage, mb, gradient, ts, wire, what, comm_,
+                                    packing() ? &sent_[{lane, dst, channel}] : nullptr));
+    });
+}
+
+MPX_DECL void BoundaryLinks::release_completed_sends()
+{
+  std::size_t done = 0;
+  for (; done < sends_.size(); ++done) {
+    bool complete = true;
+    for (auto& wk : sends_[done].works) complete = complete && wk->isCompleted() && !wk->exception();
+    if (!complete) break;
+  }
+  sends_.erase(sends_.begin(), sends_.begin() + std::ptrdiff_t(done));
+}
+
+MPX_DECL void BoundaryLinks::finish_sends()
+{
+  for (auto& s : sends_)
+    for (auto& wk : s.works) {
+      try {
+        wk->wait(timeout_);
+      } catch (const std::exception& e) {
+        sends_.clear();
+        throw peer_error(s.what + ": the send did not complete: " + e.what());
+      }
+    }
+  sends_.clear();
+}
+
+MPX_DECL void BoundaryLinks::send_shm(ShmRing& ring, ProcessGroupPtr& pg, int dst, int channel, detail::OutgoingMessage m, const std::string& what)
+{
+  m.header.data_ptr<std::int64_t>()[5] = m.bytes;
+  const auto total = std::uint64_t(detail::header_bytes + m.bytes);
+  const bool inline_sent = ring.try_write(total, [&](auto put) {
+    detail::for_each_packed_piece(m, [&](const void* src, std::int64_t n) {
+      static constexpr std::uint8_t zeros[detail::align] = {};
+      put(src != nullptr ? src : zeros, std::uint64_t(n));
+    });
+  });
+  if (inline_sent) return;
+  ring.write_over_group(total, what);
+  PendingSend p;
+  p.what = what;
+  std::vector<at::Tensor> v{detail::pack_message(m)};
+  p.works.push_back(pg->send(v, dst, detail::header_tag(channel)));
+  p.keep = std::move(v);
+  sends_.push_back(std::move(p));
+}
+
+MPX_DECL void BoundaryLinks::arrive(PendingRecv& r)
+{
+  auto& queue = posted_[r.ring];
+  while (!r.header.defined()) {
+    if (queue.empty()) throw peer_error(r.what + ": taken twice, or never posted (mpx bug)");
+    PendingRecv& next = *queue.front();
+    queue.pop_front();
+    bool over = false;
+    std::uint64_t bytes = 0;
+    next.header = next.ring->read(over, bytes, next.what);
+    if (over) {  // this one came over Gloo
+      next.header = torch::empty({std::int64_t(bytes)}, torch::kByte);
+      std::vector<at::Tensor> v{next.header};
+      pp_->recv(v, next.src, detail::header_tag(next.channel))->wait(timeout_);
+    }
+    if (next.header.numel() < detail::header_bytes)
+      throw peer_error(next.what + ": a message of " + std::to_string(next.header.numel()) + " bytes, shorter than its header (" +
+                       std::to_string(detail::header_bytes) + ")");
+    detail::post_payloads(pp_, next);
+  }
+}
+
+}  // namespace mpx
+#endif  // MPX_DEFINITIONS

@@ -10,6 +10,7 @@
 /// set, the first host of SLURM_JOB_NODELIST / SLURM_NODELIST (`node[01-04,07]` gives `node01`).
 
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <cstdlib>   // std::getenv
 #include <optional>  // std::optional
@@ -39,14 +40,37 @@ struct Env
 
 namespace detail
 {
-inline std::optional<std::string> getenv_str(const char* name)
+MPX_DECL std::optional<std::string> getenv_str(const char* name);
+
+MPX_DECL int getenv_int(const char* name, int fallback);
+
+/// SLURM_TASKS_PER_NODE's tasks of each node: "2(x3),1" is {2, 2, 2, 1}.
+MPX_DECL std::vector<int> tasks_per_node(const std::string& v);
+
+/// The first host of a SLURM node list: "node[01-04,07],gpu5" gives "node01", "a,b" gives "a".
+MPX_DECL std::string first_host(const std::string& list);
+
+MPX_DECL bool truthy(const std::optional<std::string>& v);
+}  // namespace detail
+
+/// Reads the environment (see the file comment). Validates ranges; the message names the variable.
+MPX_DECL Env read_env();
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::detail
+{
+MPX_DECL std::optional<std::string> getenv_str(const char* name)
 {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return std::nullopt;
   return std::string(v);
 }
 
-inline int getenv_int(const char* name, int fallback)
+MPX_DECL int getenv_int(const char* name, int fallback)
 {
   auto v = getenv_str(name);
   if (!v) return fallback;
@@ -60,8 +84,7 @@ inline int getenv_int(const char* name, int fallback)
   }
 }
 
-/// SLURM_TASKS_PER_NODE's tasks of each node: "2(x3),1" is {2, 2, 2, 1}.
-inline std::vector<int> tasks_per_node(const std::string& v)
+MPX_DECL std::vector<int> tasks_per_node(const std::string& v)
 {
   auto bad = [&] { return config_error("mpx: SLURM_TASKS_PER_NODE=\"" + v + "\" is not of the form 2(x3),1; srun sets it, do not edit it"); };
   std::vector<int> out;
@@ -94,8 +117,7 @@ inline std::vector<int> tasks_per_node(const std::string& v)
   return out;
 }
 
-/// The first host of a SLURM node list: "node[01-04,07],gpu5" gives "node01", "a,b" gives "a".
-inline std::string first_host(const std::string& list)
+MPX_DECL std::string first_host(const std::string& list)
 {
   const auto comma = list.find(','), bracket = list.find('[');
   if (bracket == std::string::npos || (comma != std::string::npos && comma < bracket)) return list.substr(0, comma);
@@ -105,11 +127,13 @@ inline std::string first_host(const std::string& list)
   return list.substr(0, bracket) + list.substr(bracket + 1, end - bracket - 1);
 }
 
-inline bool truthy(const std::optional<std::string>& v) { return v && (*v == "1" || *v == "True" || *v == "true"); }
-}  // namespace detail
+MPX_DECL bool truthy(const std::optional<std::string>& v) { return v && (*v == "1" || *v == "True" || *v == "true"); }
 
-/// Reads the environment (see the file comment). Validates ranges; the message names the variable.
-inline Env read_env()
+}  // namespace mpx::detail
+
+namespace mpx
+{
+MPX_DECL Env read_env()
 {
   using detail::getenv_int;
   using detail::getenv_str;
@@ -160,3 +184,4 @@ inline Env read_env()
 }
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

@@ -12,9 +12,10 @@
 /// | `exception` | an exception from the rank's first forward of the step: a stage failing, as any would |
 /// | `save<k>` | SIGKILL in the save of that step (the steps done), after its k-th phase (state_io.hpp) |
 ///
-/// The runtime calls `inject_fault` at those points; with MPX_FAULT unset it costs one branch.
+/// The runtime calls `inject_fault` at those points; with MPX_FAULT unset it costs a call and one branch.
 
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <signal.h>  // raise
 
@@ -48,7 +49,25 @@ struct Fault
 namespace detail
 {
 /// Parses MPX_FAULT's value (see the file comment); a malformed entry is a `config_error` with the form.
-inline std::vector<Fault> parse_faults(const std::string& spec)
+MPX_DECL std::vector<Fault> parse_faults(const std::string& spec);
+
+MPX_DECL const std::vector<Fault>& planned_faults();
+
+MPX_DECL int fault_attempt();
+}  // namespace detail
+
+/// Meets the planned fault of (`rank`, `step`) at `at`, if there is one (see the file comment); `phase` is
+/// the save's phase at FaultPoint::save.
+MPX_DECL void inject_fault(FaultPoint at, int rank, long step, int phase = 0);
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::detail
+{
+MPX_DECL std::vector<Fault> parse_faults(const std::string& spec)
 {
   std::vector<Fault> out;
   std::size_t i = 0;
@@ -81,7 +100,7 @@ inline std::vector<Fault> parse_faults(const std::string& spec)
   return out;
 }
 
-inline const std::vector<Fault>& planned_faults()
+MPX_DECL const std::vector<Fault>& planned_faults()
 {
   static const std::vector<Fault> faults = [] {
     const char* v = std::getenv("MPX_FAULT");
@@ -90,16 +109,17 @@ inline const std::vector<Fault>& planned_faults()
   return faults;
 }
 
-inline int fault_attempt()
+MPX_DECL int fault_attempt()
 {
   const char* v = std::getenv("TORCHELASTIC_RESTART_COUNT");
   return v ? std::atoi(v) : 0;
 }
-}  // namespace detail
 
-/// Meets the planned fault of (`rank`, `step`) at `at`, if there is one (see the file comment); `phase` is
-/// the save's phase at FaultPoint::save.
-inline void inject_fault(FaultPoint at, int rank, long step, int phase = 0)
+}  // namespace mpx::detail
+
+namespace mpx
+{
+MPX_DECL void inject_fault(FaultPoint at, int rank, long step, int phase)
 {
   for (const Fault& f : detail::planned_faults()) {
     if (f.rank != rank || f.step != step || f.attempt != detail::fault_attempt()) continue;
@@ -116,3 +136,4 @@ inline void inject_fault(FaultPoint at, int rank, long step, int phase = 0)
 }
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

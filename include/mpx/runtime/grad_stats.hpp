@@ -14,6 +14,7 @@
 #include <mpx/runtime/errors.hpp>  // mpx::peer_error
 #include <mpx/runtime/wire/shm_sum.hpp>  // mpx::ShmSum
 #include <mpx/runtime/world.hpp>   // mpx::World
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::stack, torch::zeros
 
@@ -30,12 +31,7 @@ namespace mpx
 using StageParameters = std::vector<std::vector<at::Tensor>>;  ///< per stage this rank holds, its parameters
 
 /// Divides every gradient by `scale` (the loss scale), in place.
-inline void unscale(const StageParameters& stages, double scale)
-{
-  for (auto& ps : stages)
-    for (auto& p : ps)
-      if (p.grad().defined()) p.mutable_grad().mul_(1.0 / scale);
-}
+MPX_DECL void unscale(const StageParameters& stages, double scale);
 
 /// A gradient this rank counts in the global norm: a parameter's whole, or (a tensor-parallel parameter
 /// whose pieces other ranks also hold) rows [start, start + length) of it along `dim`.
@@ -66,16 +62,8 @@ double local_grad_sq(const StageNormTerms& stages, Summed&& summed)
     }
   return norms.empty() ? sq : sq + torch::stack(norms).to(at::kDouble).pow(2).sum().template item<double>();
 }
-inline double local_grad_sq(const StageNormTerms& stages)
-{
-  return local_grad_sq(stages, [](const at::Tensor&) { return std::optional<double>(); });
-}
-inline double local_grad_sq(const StageParameters& stages)
-{
-  StageNormTerms terms;
-  for (auto& ps : stages) terms.emplace_back(ps.begin(), ps.end());
-  return local_grad_sq(terms);
-}
+MPX_DECL double local_grad_sq(const StageNormTerms& stages);
+MPX_DECL double local_grad_sq(const StageParameters& stages);
 
 /// What the step's collective agreed on, the same on every rank.
 struct StepReduction
@@ -95,7 +83,42 @@ struct PendingReduction
   long step = 0;
   ShmSum* shm = nullptr;
 };
-inline PendingReduction start_reduce_step(World& w, const at::Tensor& loss_sum, double sq, long step, ShmSum* shm = nullptr)
+MPX_DECL PendingReduction start_reduce_step(World& w, const at::Tensor& loss_sum, double sq, long step, ShmSum* shm = nullptr);
+/// Waits for a started reduction (with the run's timeout) and reads what every rank agreed on.
+MPX_DECL StepReduction finish_reduce_step(World& w, PendingReduction& p);
+/// The step's one all-reduce over the world, started and waited for; `step` names the step in errors.
+MPX_DECL StepReduction reduce_step(World& w, const at::Tensor& loss_sum, double sq, long step, ShmSum* shm = nullptr);
+
+/// Scales every gradient so that the global norm `norm` becomes at most `limit` (0: no clipping).
+MPX_DECL void clip(const StageParameters& stages, double norm, double limit);
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx
+{
+MPX_DECL void unscale(const StageParameters& stages, double scale)
+{
+  for (auto& ps : stages)
+    for (auto& p : ps)
+      if (p.grad().defined()) p.mutable_grad().mul_(1.0 / scale);
+}
+
+MPX_DECL double local_grad_sq(const StageNormTerms& stages)
+{
+  return local_grad_sq(stages, [](const at::Tensor&) { return std::optional<double>(); });
+}
+
+MPX_DECL double local_grad_sq(const StageParameters& stages)
+{
+  StageNormTerms terms;
+  for (auto& ps : stages) terms.emplace_back(ps.begin(), ps.end());
+  return local_grad_sq(terms);
+}
+
+MPX_DECL PendingReduction start_reduce_step(World& w, const at::Tensor& loss_sum, double sq, long step, ShmSum* shm)
 {
   const bool found_inf = !std::isfinite(sq);
   PendingReduction p{torch::empty({3}, torch::kDouble), {}, step, shm};
@@ -116,8 +139,8 @@ inline PendingReduction start_reduce_step(World& w, const at::Tensor& loss_sum, 
   }
   return p;
 }
-/// Waits for a started reduction (with the run's timeout) and reads what every rank agreed on.
-inline StepReduction finish_reduce_step(World& w, PendingReduction& p)
+
+MPX_DECL StepReduction finish_reduce_step(World& w, PendingReduction& p)
 {
   if (p.shm) {
     p.shm->finish(p.values.data_ptr<double>(), [&] {
@@ -138,15 +161,14 @@ inline StepReduction finish_reduce_step(World& w, PendingReduction& p)
   r.grad_norm = r.found_inf ? std::numeric_limits<double>::infinity() : std::sqrt(v[1]);
   return r;
 }
-/// The step's one all-reduce over the world, started and waited for; `step` names the step in errors.
-inline StepReduction reduce_step(World& w, const at::Tensor& loss_sum, double sq, long step, ShmSum* shm = nullptr)
+
+MPX_DECL StepReduction reduce_step(World& w, const at::Tensor& loss_sum, double sq, long step, ShmSum* shm)
 {
   auto p = start_reduce_step(w, loss_sum, sq, step, shm);
   return finish_reduce_step(w, p);
 }
 
-/// Scales every gradient so that the global norm `norm` becomes at most `limit` (0: no clipping).
-inline void clip(const StageParameters& stages, double norm, double limit)
+MPX_DECL void clip(const StageParameters& stages, double norm, double limit)
 {
   if (limit <= 0 || norm <= limit) return;
   const double c = limit / (norm + 1e-6);
@@ -156,3 +178,4 @@ inline void clip(const StageParameters& stages, double norm, double limit)
 }
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

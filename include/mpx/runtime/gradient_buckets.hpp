@@ -15,6 +15,7 @@
 
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
 #include <mpx/runtime/world.hpp>   // mpx::ProcessGroupPtr
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/csrc/autograd/function_hook.h>  // torch::autograd::FunctionPostHook
 #include <torch/torch.h>                        // torch::cat, torch::zeros
@@ -35,60 +36,21 @@ class GradientBuckets
  public:
   using clock = std::chrono::steady_clock;
 
-  GradientBuckets(ProcessGroupPtr dp, int replicas, std::size_t bucket_bytes, std::chrono::milliseconds timeout)
-      : dp_(std::move(dp)), replicas_(replicas), bucket_bytes_(bucket_bytes), timeout_(timeout)
-  {
-  }
+  GradientBuckets(ProcessGroupPtr dp, int replicas, std::size_t bucket_bytes, std::chrono::milliseconds timeout);
   GradientBuckets(const GradientBuckets&) = delete;  // the hooks point at it
   GradientBuckets& operator=(const GradientBuckets&) = delete;
   ~GradientBuckets() { disarm(); }
 
   /// Before a stage's last backward: buckets of `params` (those that train) start as their gradients
   /// become final (see the file comment).
-  void arm(const std::vector<at::Tensor>& params)
-  {
-    if (replicas_ == 1) return;
-    disarm();
-    lay_out(params);
-    for (std::size_t i = 0; i < armed_.params.size(); ++i) {
-      auto acc = torch::autograd::impl::grad_accumulator(armed_.params[i]);
-      if (!acc) continue;  // not a leaf that accumulates: start() sends what it holds
-      const auto key = acc->add_post_hook(std::make_unique<Ready>(this, i));
-      armed_.hooks.push_back({std::move(acc), key});
-    }
-  }
+  void arm(const std::vector<at::Tensor>& params);
 
   /// After a stage's last backward: starts every bucket of `params` not started yet (all of them
   /// without an `arm`) and removes the hooks.
-  void start(const std::vector<at::Tensor>& params)
-  {
-    if (replicas_ == 1) return;
-    if (armed_.hooks.empty() && armed_.params.empty()) lay_out(params);
-    remove_hooks();
-    for (std::size_t b = armed_.next; b < armed_.left.size(); ++b) launch(b);  // every replica issues the same collectives
-    armed_ = {};
-    if (std::exchange(twice_, false))
-      throw config_error("mpx: a parameter's gradient was accumulated twice in one backward, after its all-reduce bucket had started; "
-                         "set TrainOptions::overlap_reduction = false for this model");
-  }
+  void start(const std::vector<at::Tensor>& params);
 
   /// Waits for every started bucket and writes the replica average into each gradient.
-  void finish()
-  {
-    for (auto& b : buckets_) {
-      b.work->wait(timeout_);
-      b.flat.div_(double(replicas_));
-      std::int64_t off = 0;
-      for (auto& p : b.params) {
-        auto g = b.flat.narrow(0, off, p.numel()).view_as(p);
-        if (p.grad().defined()) p.mutable_grad().copy_(g);
-        else p.mutable_grad() = g.clone();
-        off += p.numel();
-      }
-    }
-    buckets_.clear();
-    launched_at_.clear();
-  }
+  void finish();
 
   /// Buckets started and not yet finished.
   std::size_t in_flight() const { return buckets_.size(); }
@@ -126,58 +88,14 @@ class GradientBuckets
     std::size_t index;
   };
 
-  void lay_out(const std::vector<at::Tensor>& params)
-  {
-    armed_ = {};
-    std::size_t bytes = 0;
-    for (auto it = params.rbegin(); it != params.rend(); ++it) {
-      if (!it->requires_grad()) continue;
-      if (armed_.first.empty() || bytes >= bucket_bytes_) armed_.first.push_back(armed_.params.size()), armed_.left.push_back(0), bytes = 0;
-      armed_.params.push_back(*it);
-      armed_.bucket_of.push_back(armed_.first.size() - 1);
-      ++armed_.left.back();
-      bytes += std::size_t(it->numel()) * it->element_size();
-    }
-    armed_.first.push_back(armed_.params.size());
-    armed_.ready.assign(armed_.params.size(), false);
-  }
+  void lay_out(const std::vector<at::Tensor>& params);
 
-  void ready(std::size_t i)
-  {
-    if (armed_.ready[i]) {  // a second accumulation in one backward: its bucket may have left without it
-      twice_ = true;
-      return;
-    }
-    armed_.ready[i] = true;
-    --armed_.left[armed_.bucket_of[i]];
-    while (armed_.next < armed_.left.size() && armed_.left[armed_.next] == 0) {
-      launch(armed_.next++);
-      ++in_backward_;
-    }
-  }
+  void ready(std::size_t i);
 
-  void launch(std::size_t b)
-  {
-    std::vector<at::Tensor> group(armed_.params.begin() + std::ptrdiff_t(armed_.first[b]), armed_.params.begin() + std::ptrdiff_t(armed_.first[b + 1]));
-    std::vector<at::Tensor> gs;
-    for (auto& p : group) gs.push_back(p.grad().defined() ? p.grad().reshape(-1) : torch::zeros({p.numel()}, p.options()));
-    Bucket bk{std::move(group), torch::cat(gs), {}};
-    std::vector<at::Tensor> v{bk.flat};
-    bk.work = dp_->allreduce(v);
-    buckets_.push_back(std::move(bk));
-    launched_at_.push_back(clock::now());
-  }
+  void launch(std::size_t b);
 
-  void remove_hooks()
-  {
-    for (auto& [node, key] : armed_.hooks) node->del_post_hook(key);
-    armed_.hooks.clear();
-  }
-  void disarm()
-  {
-    remove_hooks();
-    armed_ = {};
-  }
+  void remove_hooks();
+  void disarm();
 
   ProcessGroupPtr dp_;
   int replicas_;
@@ -191,3 +109,113 @@ class GradientBuckets
 };
 
 }  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx
+{
+
+MPX_DECL GradientBuckets::GradientBuckets(ProcessGroupPtr dp, int replicas, std::size_t bucket_bytes, std::chrono::milliseconds timeout)
+    : dp_(std::move(dp)), replicas_(replicas), bucket_bytes_(bucket_bytes), timeout_(timeout)
+{
+}
+
+MPX_DECL void GradientBuckets::arm(const std::vector<at::Tensor>& params)
+{
+  if (replicas_ == 1) return;
+  disarm();
+  lay_out(params);
+  for (std::size_t i = 0; i < armed_.params.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(armed_.params[i]);
+    if (!acc) continue;  // not a leaf that accumulates: start() sends what it holds
+    const auto key = acc->add_post_hook(std::make_unique<Ready>(this, i));
+    armed_.hooks.push_back({std::move(acc), key});
+  }
+}
+
+MPX_DECL void GradientBuckets::start(const std::vector<at::Tensor>& params)
+{
+  if (replicas_ == 1) return;
+  if (armed_.hooks.empty() && armed_.params.empty()) lay_out(params);
+  remove_hooks();
+  for (std::size_t b = armed_.next; b < armed_.left.size(); ++b) launch(b);  // every replica issues the same collectives
+  armed_ = {};
+  if (std::exchange(twice_, false))
+    throw config_error("mpx: a parameter's gradient was accumulated twice in one backward, after its all-reduce bucket had started; "
+                       "set TrainOptions::overlap_reduction = false for this model");
+}
+
+MPX_DECL void GradientBuckets::finish()
+{
+  for (auto& b : buckets_) {
+    b.work->wait(timeout_);
+    b.flat.div_(double(replicas_));
+    std::int64_t off = 0;
+    for (auto& p : b.params) {
+      auto g = b.flat.narrow(0, off, p.numel()).view_as(p);
+      if (p.grad().defined()) p.mutable_grad().copy_(g);
+      else p.mutable_grad() = g.clone();
+      off += p.numel();
+    }
+  }
+  buckets_.clear();
+  launched_at_.clear();
+}
+
+MPX_DECL void GradientBuckets::lay_out(const std::vector<at::Tensor>& params)
+{
+  armed_ = {};
+  std::size_t bytes = 0;
+  for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    if (!it->requires_grad()) continue;
+    if (armed_.first.empty() || bytes >= bucket_bytes_) armed_.first.push_back(armed_.params.size()), armed_.left.push_back(0), bytes = 0;
+    armed_.params.push_back(*it);
+    armed_.bucket_of.push_back(armed_.first.size() - 1);
+    ++armed_.left.back();
+    bytes += std::size_t(it->numel()) * it->element_size();
+  }
+  armed_.first.push_back(armed_.params.size());
+  armed_.ready.assign(armed_.params.size(), false);
+}
+
+MPX_DECL void GradientBuckets::ready(std::size_t i)
+{
+  if (armed_.ready[i]) {  // a second accumulation in one backward: its bucket may have left without it
+    twice_ = true;
+    return;
+  }
+  armed_.ready[i] = true;
+  --armed_.left[armed_.bucket_of[i]];
+  while (armed_.next < armed_.left.size() && armed_.left[armed_.next] == 0) {
+    launch(armed_.next++);
+    ++in_backward_;
+  }
+}
+
+MPX_DECL void GradientBuckets::launch(std::size_t b)
+{
+  std::vector<at::Tensor> group(armed_.params.begin() + std::ptrdiff_t(armed_.first[b]), armed_.params.begin() + std::ptrdiff_t(armed_.first[b + 1]));
+  std::vector<at::Tensor> gs;
+  for (auto& p : group) gs.push_back(p.grad().defined() ? p.grad().reshape(-1) : torch::zeros({p.numel()}, p.options()));
+  Bucket bk{std::move(group), torch::cat(gs), {}};
+  std::vector<at::Tensor> v{bk.flat};
+  bk.work = dp_->allreduce(v);
+  buckets_.push_back(std::move(bk));
+  launched_at_.push_back(clock::now());
+}
+
+MPX_DECL void GradientBuckets::remove_hooks()
+{
+  for (auto& [node, key] : armed_.hooks) node->del_post_hook(key);
+  armed_.hooks.clear();
+}
+
+MPX_DECL void GradientBuckets::disarm()
+{
+  remove_hooks();
+  armed_ = {};
+}
+
+}  // namespace mpx
+#endif  // MPX_DEFINITIONS

@@ -9,6 +9,48 @@
 /// (tools/mpxrun.cpp) is this function behind a command line; a program started without RANK can also
 /// launch its own local ranks with `mpx::relaunch_self` (the examples do).
 
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+
+#include <chrono>  // std::chrono::milliseconds
+#include <string>  // std::string
+#include <vector>  // std::vector
+
+namespace mpx
+{
+
+/// What `launch` starts.
+struct LaunchOptions
+{
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  ///< 0: pick a free port (single node only), a fresh one for every restart
+  std::chrono::milliseconds grace{5000};   ///< after SIGTERM, how long before SIGKILL
+  std::chrono::milliseconds notice{3000};  ///< after the first failure, how long the others have to stop by
+                                           ///< themselves (printing their named errors) before SIGTERM
+  int max_restarts = 0;  ///< after a failure, start every rank again (a fresh rendezvous) up to this many times
+  int tail_lines = 10;   ///< the first failing rank's last lines, quoted in the report
+  bool prefix_output = true;
+};
+
+/// Starts `argv` once per local rank and supervises the ranks. When a rank fails, the launcher reports it
+/// first (rank, exit status or signal, its last lines; a rank seen stopped before it), gives the others
+/// `notice` to stop by themselves (their named errors), then SIGTERM, then SIGKILL after `grace`. With
+/// `max_restarts` K it then starts every rank again on a fresh rendezvous (TORCHELASTIC_RESTART_COUNT set to
+/// the attempt: programs resume from their checkpoint) up to K times, logging each restart's cause. Ranks
+/// die with the launcher (parent-death signal). Returns 0 when all ranks exit 0, else the exit status of
+/// the first rank that failed in the last attempt (128 + signal for a signal).
+MPX_DECL int launch(const LaunchOptions& o, const std::vector<std::string>& argv);
+
+/// For programs that launch their own local ranks: when RANK is not set, starts this executable
+/// `nproc` times under `launch` and returns its status (the caller exits with it); when RANK is set,
+/// returns -1 and the caller goes on as one rank.
+MPX_DECL int relaunch_self(int nproc, int argc, char** argv, int max_restarts = 0);
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
 #include <mpx/runtime/env.hpp>     // mpx::read_env
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
 
@@ -36,22 +78,6 @@
 
 namespace mpx
 {
-
-/// What `launch` starts.
-struct LaunchOptions
-{
-  int nproc_per_node = 1;
-  int nnodes = 1;
-  int node_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 0;  ///< 0: pick a free port (single node only), a fresh one for every restart
-  std::chrono::milliseconds grace{5000};   ///< after SIGTERM, how long before SIGKILL
-  std::chrono::milliseconds notice{3000};  ///< after the first failure, how long the others have to stop by
-                                           ///< themselves (printing their named errors) before SIGTERM
-  int max_restarts = 0;  ///< after a failure, start every rank again (a fresh rendezvous) up to this many times
-  int tail_lines = 10;   ///< the first failing rank's last lines, quoted in the report
-  bool prefix_output = true;
-};
 
 namespace detail
 {
@@ -355,14 +381,7 @@ inline attempt_result run_attempt(const LaunchOptions& o, const std::vector<std:
 
 }  // namespace detail
 
-/// Starts `argv` once per local rank and supervises the ranks. When a rank fails, the launcher reports it
-/// first (rank, exit status or signal, its last lines; a rank seen stopped before it), gives the others
-/// `notice` to stop by themselves (their named errors), then SIGTERM, then SIGKILL after `grace`. With
-/// `max_restarts` K it then starts every rank again on a fresh rendezvous (TORCHELASTIC_RESTART_COUNT set to
-/// the attempt: programs resume from their checkpoint) up to K times, logging each restart's cause. Ranks
-/// die with the launcher (parent-death signal). Returns 0 when all ranks exit 0, else the exit status of
-/// the first rank that failed in the last attempt (128 + signal for a signal).
-inline int launch(const LaunchOptions& o, const std::vector<std::string>& argv)
+MPX_DECL int launch(const LaunchOptions& o, const std::vector<std::string>& argv)
 {
   using namespace detail;
   if (argv.empty()) throw config_error("mpx::launch: no program given; pass the program and its arguments");
@@ -404,10 +423,7 @@ inline int launch(const LaunchOptions& o, const std::vector<std::string>& argv)
   return r.code;
 }
 
-/// For programs that launch their own local ranks: when RANK is not set, starts this executable
-/// `nproc` times under `launch` and returns its status (the caller exits with it); when RANK is set,
-/// returns -1 and the caller goes on as one rank.
-inline int relaunch_self(int nproc, int argc, char** argv, int max_restarts = 0)
+MPX_DECL int relaunch_self(int nproc, int argc, char** argv, int max_restarts)
 {
   if (read_env().launched()) return -1;
   std::vector<std::string> args{"/proc/self/exe"};
@@ -420,3 +436,4 @@ inline int relaunch_self(int nproc, int argc, char** argv, int max_restarts = 0)
 }
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

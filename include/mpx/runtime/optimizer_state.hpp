@@ -16,6 +16,7 @@
 
 #include <mpx/optim/adamw8bit.hpp>  // mpx::AdamW8bitOptimizer
 #include <mpx/runtime/errors.hpp>   // mpx::config_error
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::optim::AdamW, torch::optim::SGD
 
@@ -32,50 +33,17 @@ namespace detail
 inline std::string optimizer_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 
 /// Whether `opt` is a kind whose state `named_optimizer_state` names (else it keeps LibTorch's archive).
-inline bool knows_optimizer(torch::optim::Optimizer& opt)
-{
-  return dynamic_cast<AdamW8bitOptimizer*>(&opt) || dynamic_cast<torch::optim::AdamW*>(&opt) || dynamic_cast<torch::optim::SGD*>(&opt);
-}
+MPX_DECL bool knows_optimizer(torch::optim::Optimizer& opt);
 
 /// The 8-bit moment fields of one parameter (`m8`/`m8max` or `v8`/`v8max`) as the fp32 moment they hold,
 /// in `shape`: what moves to a parameter cut another way (`set_param_state` takes fp32 `m`, `v`).
-inline at::Tensor dense_moment(const at::Tensor& codes, const at::Tensor& absmax, at::IntArrayRef shape, bool is_signed)
-{
-  const Quantized q{codes.reshape({-1, quant_block}), absmax, c10::multiply_integers(shape)};
-  return dequantize(q, is_signed ? signed_code() : unsigned_code(), shape);
-}
+MPX_DECL at::Tensor dense_moment(const at::Tensor& codes, const at::Tensor& absmax, at::IntArrayRef shape, bool is_signed);
 }  // namespace detail
 
 /// `opt`'s state of `params` (name → parameter) as named tensors, or nothing for an optimizer kind this
 /// does not know (see the file comment).
-inline std::optional<std::map<std::string, at::Tensor>> named_optimizer_state(torch::optim::Optimizer& opt,
-                                                                              const std::map<std::string, at::Tensor>& params)
-{
-  std::map<std::string, at::Tensor> out;
-  auto state_of = [&](const at::Tensor& p) -> torch::optim::OptimizerParamState* {
-    auto it = opt.state().find(detail::optimizer_key(p));
-    return it == opt.state().end() ? nullptr : it->second.get();
-  };
-  if (auto* a8 = dynamic_cast<AdamW8bitOptimizer*>(&opt)) {
-    for (auto& [n, p] : params)
-      for (auto& [f, t] : a8->param_state(p)) out[n + "/" + f] = t;
-  } else if (dynamic_cast<torch::optim::AdamW*>(&opt)) {
-    for (auto& [n, p] : params)
-      if (auto* s = static_cast<torch::optim::AdamWParamState*>(state_of(p))) {
-        out[n + "/step"] = torch::tensor(s->step(), torch::kLong);
-        out[n + "/exp_avg"] = s->exp_avg();
-        out[n + "/exp_avg_sq"] = s->exp_avg_sq();
-        if (s->max_exp_avg_sq().defined()) out[n + "/max_exp_avg_sq"] = s->max_exp_avg_sq();
-      }
-  } else if (dynamic_cast<torch::optim::SGD*>(&opt)) {
-    for (auto& [n, p] : params)
-      if (auto* s = static_cast<torch::optim::SGDParamState*>(state_of(p)); s && s->momentum_buffer().defined())
-        out[n + "/momentum_buffer"] = s->momentum_buffer();
-  } else {
-    return std::nullopt;
-  }
-  return out;
-}
+MPX_DECL std::optional<std::map<std::string, at::Tensor>> named_optimizer_state(torch::optim::Optimizer& opt,
+                                                                              const std::map<std::string, at::Tensor>& params);
 
 /// Sets `opt`'s state of `params` from named tensors (`find(name)`: the tensor, or an undefined one when
 /// absent); a parameter with no `step` (AdamW) or `momentum_buffer` (SGD) keeps no state.
@@ -120,3 +88,57 @@ void restore_optimizer_state(torch::optim::Optimizer& opt, const std::map<std::s
 }
 
 }  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::detail
+{
+
+MPX_DECL bool knows_optimizer(torch::optim::Optimizer& opt)
+{
+  return dynamic_cast<AdamW8bitOptimizer*>(&opt) || dynamic_cast<torch::optim::AdamW*>(&opt) || dynamic_cast<torch::optim::SGD*>(&opt);
+}
+
+MPX_DECL at::Tensor dense_moment(const at::Tensor& codes, const at::Tensor& absmax, at::IntArrayRef shape, bool is_signed)
+{
+  const Quantized q{codes.reshape({-1, quant_block}), absmax, c10::multiply_integers(shape)};
+  return dequantize(q, is_signed ? signed_code() : unsigned_code(), shape);
+}
+
+}  // namespace mpx::detail
+
+namespace mpx
+{
+
+MPX_DECL std::optional<std::map<std::string, at::Tensor>> named_optimizer_state(torch::optim::Optimizer& opt,
+                                                                              const std::map<std::string, at::Tensor>& params)
+{
+  std::map<std::string, at::Tensor> out;
+  auto state_of = [&](const at::Tensor& p) -> torch::optim::OptimizerParamState* {
+    auto it = opt.state().find(detail::optimizer_key(p));
+    return it == opt.state().end() ? nullptr : it->second.get();
+  };
+  if (auto* a8 = dynamic_cast<AdamW8bitOptimizer*>(&opt)) {
+    for (auto& [n, p] : params)
+      for (auto& [f, t] : a8->param_state(p)) out[n + "/" + f] = t;
+  } else if (dynamic_cast<torch::optim::AdamW*>(&opt)) {
+    for (auto& [n, p] : params)
+      if (auto* s = static_cast<torch::optim::AdamWParamState*>(state_of(p))) {
+        out[n + "/step"] = torch::tensor(s->step(), torch::kLong);
+        out[n + "/exp_avg"] = s->exp_avg();
+        out[n + "/exp_avg_sq"] = s->exp_avg_sq();
+        if (s->max_exp_avg_sq().defined()) out[n + "/max_exp_avg_sq"] = s->max_exp_avg_sq();
+      }
+  } else if (dynamic_cast<torch::optim::SGD*>(&opt)) {
+    for (auto& [n, p] : params)
+      if (auto* s = static_cast<torch::optim::SGDParamState*>(state_of(p)); s && s->momentum_buffer().defined())
+        out[n + "/momentum_buffer"] = s->momentum_buffer();
+  } else {
+    return std::nullopt;
+  }
+  return out;
+}
+
+}  // namespace mpx
+#endif  // MPX_DEFINITIONS

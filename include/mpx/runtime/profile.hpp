@@ -20,6 +20,7 @@
 
 #include <mpx/balance.hpp>         // mpx::LayerCost, mpx::balance, mpx::even_cut, mpx::predict
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/cuda.h>   // torch::cuda::synchronize
 #include <torch/torch.h>  // at::Tensor, torch::autograd::backward
@@ -48,84 +49,25 @@ struct ProfileOptions
 
 namespace detail
 {
-inline void wait_for_device(const at::Tensor& t)
-{
-  if (t.defined() && t.is_cuda()) torch::cuda::synchronize();
-}
+MPX_DECL void wait_for_device(const at::Tensor& t);
 
-inline std::int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0)
-{
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-}
+MPX_DECL std::int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0);
 
 /// One round: every layer's forward in order, then every backward in reverse, each timed alone.
-inline std::vector<LayerCost> time_layers_once(const std::vector<LayerFunction>& layers, const at::Tensor& input)
-{
-  const std::size_t n = layers.size();
-  std::vector<LayerCost> cost(n);
-  std::vector<at::Tensor> outputs(n);
-  at::Tensor x = input;
-  for (std::size_t i = 0; i < n; ++i) {
-    const at::Tensor in = i == 0 ? input : x.detach().requires_grad_(x.requires_grad());  // a received activation
-    wait_for_device(in);
-    const auto t0 = std::chrono::steady_clock::now();
-    outputs[i] = layers[i](in);
-    wait_for_device(outputs[i]);
-    cost[i].forward = nanoseconds_since(t0);
-    if (!outputs[i].defined())
-      throw config_error("mpx::measure_layer_costs: layer " + std::to_string(i) + " returned no tensor; each layer must return its output");
-    x = outputs[i];
-  }
-  for (std::size_t i = n; i-- > 0;) {
-    if (!outputs[i].requires_grad()) continue;  // nothing trainable up to here: no backward runs through it
-    const at::Tensor grad = torch::ones_like(outputs[i]);
-    wait_for_device(grad);
-    const auto t0 = std::chrono::steady_clock::now();
-    torch::autograd::backward({outputs[i]}, {grad});
-    wait_for_device(grad);
-    cost[i].backward = nanoseconds_since(t0);
-  }
-  return cost;
-}
+MPX_DECL std::vector<LayerCost> time_layers_once(const std::vector<LayerFunction>& layers, const at::Tensor& input);
 
-inline std::int64_t median(std::vector<std::int64_t> v)
-{
-  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
+MPX_DECL std::int64_t median(std::vector<std::int64_t> v);
 }  // namespace detail
 
 /// Each layer's forward and backward per micro-batch in nanoseconds, measured (see the file comment).
-inline std::vector<LayerCost> measure_layer_costs(const std::vector<LayerFunction>& layers, const at::Tensor& input, ProfileOptions o = {})
-{
-  if (layers.empty()) throw config_error("mpx::measure_layer_costs: no layers given; pass one function per layer");
-  if (o.rounds < 1 || o.warmup < 0)
-    throw config_error("mpx::measure_layer_costs: rounds must be at least 1 and warmup at least 0 (got " + std::to_string(o.rounds) + ", " +
-                       std::to_string(o.warmup) + ")");
-  for (int r = 0; r < o.warmup; ++r) detail::time_layers_once(layers, input);
-  std::vector<std::vector<std::int64_t>> forward(layers.size()), backward(layers.size());
-  for (int r = 0; r < o.rounds; ++r) {
-    const auto round = detail::time_layers_once(layers, input);
-    for (std::size_t i = 0; i < layers.size(); ++i) forward[i].push_back(round[i].forward), backward[i].push_back(round[i].backward);
-  }
-  std::vector<LayerCost> cost(layers.size());
-  for (std::size_t i = 0; i < layers.size(); ++i) cost[i] = {detail::median(forward[i]), detail::median(backward[i])};
-  return cost;
-}
+MPX_DECL std::vector<LayerCost> measure_layer_costs(const std::vector<LayerFunction>& layers, const at::Tensor& input, ProfileOptions o = {});
 
 namespace detail
 {
 inline std::string milliseconds(std::int64_t ns) { return std::to_string(ns / 1000000) + "." + std::to_string(ns / 100000 % 10) + std::to_string(ns / 10000 % 10) + " ms"; }
 inline std::string percent(double f) { return std::to_string(int(f * 100 + 0.5)) + "%"; }
 
-inline void describe_cut(std::ostringstream& os, std::span<const LayerCost> layers, const Cuts& cut, int slots, int frozen_layers, const Proof& p)
-{
-  const StageCosts c = stage_costs(layers, cut, slots, frozen_layers);
-  for (int k = 0; k < slots; ++k)
-    os << "  slot " << k << ": mpx::Layers<" << cut[std::size_t(k)] << ", " << cut[std::size_t(k) + 1] << ">  load "
-       << milliseconds(c.forward[std::size_t(k)] + c.backward[std::size_t(k)]) << " per micro-batch\n";
-  os << "  predicted step " << milliseconds(p.makespan) << ", bubble " << percent(p.bubble()) << "\n";
-}
+MPX_DECL void describe_cut(std::ostringstream& os, std::span<const LayerCost> layers, const Cuts& cut, int slots, int frozen_layers, const Proof& p);
 }  // namespace detail
 
 /// The balanced ranges of measured `layers` (nanoseconds, as `measure_layer_costs` gives them) over
@@ -156,9 +98,106 @@ std::string balance_report(std::span<const LayerCost> layers, int slots, int mic
      << " shorter (predicted)\n";
   return os.str();
 }
-inline std::string balance_report(const std::vector<LayerCost>& layers, int slots, int microbatches, int frozen_layers = 0)
+MPX_DECL std::string balance_report(const std::vector<LayerCost>& layers, int slots, int microbatches, int frozen_layers = 0);
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::detail
+{
+
+MPX_DECL void wait_for_device(const at::Tensor& t)
+{
+  if (t.defined() && t.is_cuda()) torch::cuda::synchronize();
+}
+
+MPX_DECL std::int64_t nanoseconds_since(std::chrono::steady_clock::time_point t0)
+{
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+MPX_DECL std::vector<LayerCost> time_layers_once(const std::vector<LayerFunction>& layers, const at::Tensor& input)
+{
+  const std::size_t n = layers.size();
+  std::vector<LayerCost> cost(n);
+  std::vector<at::Tensor> outputs(n);
+  at::Tensor x = input;
+  for (std::size_t i = 0; i < n; ++i) {
+    const at::Tensor in = i == 0 ? input : x.detach().requires_grad_(x.requires_grad());  // a received activation
+    wait_for_device(in);
+    const auto t0 = std::chrono::steady_clock::now();
+    outputs[i] = layers[i](in);
+    wait_for_device(outputs[i]);
+    cost[i].forward = nanoseconds_since(t0);
+    if (!outputs[i].defined())
+      throw config_error("mpx::measure_layer_costs: layer " + std::to_string(i) + " returned no tensor; each layer must return its output");
+    x = outputs[i];
+  }
+  for (std::size_t i = n; i-- > 0;) {
+    if (!outputs[i].requires_grad()) continue;  // nothing trainable up to here: no backward runs through it
+    const at::Tensor grad = torch::ones_like(outputs[i]);
+    wait_for_device(grad);
+    const auto t0 = std::chrono::steady_clock::now();
+    torch::autograd::backward({outputs[i]}, {grad});
+    wait_for_device(grad);
+    cost[i].backward = nanoseconds_since(t0);
+  }
+  return cost;
+}
+
+MPX_DECL std::int64_t median(std::vector<std::int64_t> v)
+{
+  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace mpx::detail
+
+namespace mpx
+{
+
+MPX_DECL std::vector<LayerCost> measure_layer_costs(const std::vector<LayerFunction>& layers, const at::Tensor& input, ProfileOptions o)
+{
+  if (layers.empty()) throw config_error("mpx::measure_layer_costs: no layers given; pass one function per layer");
+  if (o.rounds < 1 || o.warmup < 0)
+    throw config_error("mpx::measure_layer_costs: rounds must be at least 1 and warmup at least 0 (got " + std::to_string(o.rounds) + ", " +
+                       std::to_string(o.warmup) + ")");
+  for (int r = 0; r < o.warmup; ++r) detail::time_layers_once(layers, input);
+  std::vector<std::vector<std::int64_t>> forward(layers.size()), backward(layers.size());
+  for (int r = 0; r < o.rounds; ++r) {
+    const auto round = detail::time_layers_once(layers, input);
+    for (std::size_t i = 0; i < layers.size(); ++i) forward[i].push_back(round[i].forward), backward[i].push_back(round[i].backward);
+  }
+  std::vector<LayerCost> cost(layers.size());
+  for (std::size_t i = 0; i < layers.size(); ++i) cost[i] = {detail::median(forward[i]), detail::median(backward[i])};
+  return cost;
+}
+
+}  // namespace mpx
+
+namespace mpx::detail
+{
+
+MPX_DECL void describe_cut(std::ostringstream& os, std::span<const LayerCost> layers, const Cuts& cut, int slots, int frozen_layers, const Proof& p)
+{
+  const StageCosts c = stage_costs(layers, cut, slots, frozen_layers);
+  for (int k = 0; k < slots; ++k)
+    os << "  slot " << k << ": mpx::Layers<" << cut[std::size_t(k)] << ", " << cut[std::size_t(k) + 1] << ">  load "
+       << milliseconds(c.forward[std::size_t(k)] + c.backward[std::size_t(k)]) << " per micro-batch\n";
+  os << "  predicted step " << milliseconds(p.makespan) << ", bubble " << percent(p.bubble()) << "\n";
+}
+
+}  // namespace mpx::detail
+
+namespace mpx
+{
+
+MPX_DECL std::string balance_report(const std::vector<LayerCost>& layers, int slots, int microbatches, int frozen_layers)
 {
   return balance_report<OneFOneB>(std::span<const LayerCost>(layers), slots, microbatches, frozen_layers);
 }
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

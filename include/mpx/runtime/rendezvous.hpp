@@ -16,9 +16,63 @@
 /// pair and the fix — instead of one side failing inside Gloo and the other waiting without end (Gloo's
 /// listening side does not time out in LibTorch 1.13).
 
-#include <mpx/runtime/env.hpp>     // mpx::Env
-#include <mpx/runtime/errors.hpp>  // mpx::peer_error, mpx::config_error
+#include <mpx/runtime/env.hpp>      // mpx::Env
+#include <mpx/runtime/errors.hpp>   // mpx::peer_error, mpx::config_error
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
+#include <torch/csrc/distributed/c10d/Store.hpp>  // c10d::Store
+
+#include <chrono>   // std::chrono::milliseconds
+#include <string>   // std::string
+
+namespace mpx
+{
+
+/// Joins (or serves) the run's rendezvous store (see the file comment).
+MPX_DECL c10::intrusive_ptr<c10d::Store> make_store(const Env& env, std::chrono::milliseconds timeout);
+
+namespace detail
+{
+/// Where this rank's Gloo groups listen and what they tell their peers: an interface by name
+/// (`GLOO_SOCKET_IFNAME`), or an address of this host.
+struct GlooEndpoint
+{
+  std::string interface;  ///< GLOO_SOCKET_IFNAME when set (its first name)
+  std::string address;    ///< else: the local address of the route to MASTER_ADDR (loopback for a local master)
+  std::string describe() const { return interface.empty() ? "address " + address : "interface " + interface + " (GLOO_SOCKET_IFNAME)"; }
+};
+
+/// The local address this host uses to reach `host` (the kernel's route choice: a UDP socket connected
+/// to it sends nothing); empty when there is no route or `host` does not resolve.
+MPX_DECL std::string route_address(const std::string& host, int port);
+
+/// This rank's Gloo endpoint (see GlooEndpoint): GLOO_SOCKET_IFNAME if set, else the route to the master.
+MPX_DECL GlooEndpoint gloo_endpoint(const Env& e);
+
+}  // namespace detail
+
+namespace detail
+{
+/// The IPv4 address of interface `name`, or empty.
+MPX_DECL std::string interface_address(const std::string& name);
+
+/// Connects to ip:port within `timeout`; empty on success, else why not.
+MPX_DECL std::string try_connect(const std::string& ip, int port, std::chrono::milliseconds timeout);
+}  // namespace detail
+
+/// Checks that every rank reaches every other at the address its Gloo groups will listen on (`ip`, an IPv4
+/// address of this host); see the file comment. A collective over the store: every rank calls it.
+MPX_DECL void check_reachable_at(c10d::Store& store, const std::string& ip, int rank, int world, std::chrono::milliseconds timeout);
+
+
+/// `check_reachable_at` this rank's Gloo endpoint (IPv4; an IPv6 endpoint is left to Gloo). A rank that
+/// never reports is a `peer_error` after the timeout.
+MPX_DECL void check_reachable(c10d::Store& store, const detail::GlooEndpoint& at, const Env& env, std::chrono::milliseconds timeout);
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>  // c10d::PrefixStore
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>     // c10d::TCPStore
 
@@ -32,18 +86,13 @@
 #include <unistd.h>      // close
 
 #include <cerrno>   // errno
-#include <chrono>   // std::chrono::milliseconds
-#include <cstring>  // std::strerror
-#include <string>   // std::string
-#include <vector>   // std::vector
-
 #include <cstdlib>  // std::getenv
+#include <cstring>  // std::strerror
+#include <vector>   // std::vector
 
 namespace mpx
 {
-
-/// Joins (or serves) the run's rendezvous store (see the file comment).
-inline c10::intrusive_ptr<c10d::Store> make_store(const Env& env, std::chrono::milliseconds timeout)
+MPX_DECL c10::intrusive_ptr<c10d::Store> make_store(const Env& env, std::chrono::milliseconds timeout)
 {
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(env.master_port);
@@ -64,20 +113,11 @@ inline c10::intrusive_ptr<c10d::Store> make_store(const Env& env, std::chrono::m
   return c10::make_intrusive<c10d::PrefixStore>(env.store_secret.empty() ? prefix : env.store_secret + "/" + prefix, store);
 }
 
-namespace detail
-{
-/// Where this rank's Gloo groups listen and what they tell their peers: an interface by name
-/// (`GLOO_SOCKET_IFNAME`), or an address of this host.
-struct GlooEndpoint
-{
-  std::string interface;  ///< GLOO_SOCKET_IFNAME when set (its first name)
-  std::string address;    ///< else: the local address of the route to MASTER_ADDR (loopback for a local master)
-  std::string describe() const { return interface.empty() ? "address " + address : "interface " + interface + " (GLOO_SOCKET_IFNAME)"; }
-};
+}  // namespace mpx
 
-/// The local address this host uses to reach `host` (the kernel's route choice: a UDP socket connected
-/// to it sends nothing); empty when there is no route or `host` does not resolve.
-inline std::string route_address(const std::string& host, int port)
+namespace mpx::detail
+{
+MPX_DECL std::string route_address(const std::string& host, int port)
 {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_UNSPEC;
@@ -101,8 +141,7 @@ inline std::string route_address(const std::string& host, int port)
   return out;
 }
 
-/// This rank's Gloo endpoint (see GlooEndpoint): GLOO_SOCKET_IFNAME if set, else the route to the master.
-inline GlooEndpoint gloo_endpoint(const Env& e)
+MPX_DECL GlooEndpoint gloo_endpoint(const Env& e)
 {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != 0) {
     std::string first(ifname);
@@ -116,12 +155,7 @@ inline GlooEndpoint gloo_endpoint(const Env& e)
   return {{}, a};
 }
 
-}  // namespace detail
-
-namespace detail
-{
-/// The IPv4 address of interface `name`, or empty.
-inline std::string interface_address(const std::string& name)
+MPX_DECL std::string interface_address(const std::string& name)
 {
   ifaddrs* all = nullptr;
   if (::getifaddrs(&all) != 0) return {};
@@ -154,8 +188,7 @@ inline sockaddr_in ipv4(const std::string& ip, int port)
   return a;
 }
 
-/// Connects to ip:port within `timeout`; empty on success, else why not.
-inline std::string try_connect(const std::string& ip, int port, std::chrono::milliseconds timeout)
+MPX_DECL std::string try_connect(const std::string& ip, int port, std::chrono::milliseconds timeout)
 {
   Socket s;
   if (s.fd < 0) return std::string("socket(): ") + std::strerror(errno);
@@ -171,11 +204,12 @@ inline std::string try_connect(const std::string& ip, int port, std::chrono::mil
   ::getsockopt(s.fd, SOL_SOCKET, SO_ERROR, &err, &len);
   return err == 0 ? std::string() : std::string(std::strerror(err));
 }
-}  // namespace detail
 
-/// Checks that every rank reaches every other at the address its Gloo groups will listen on (`ip`, an IPv4
-/// address of this host); see the file comment. A collective over the store: every rank calls it.
-inline void check_reachable_at(c10d::Store& store, const std::string& ip, int rank, int world, std::chrono::milliseconds timeout)
+}  // namespace mpx::detail
+
+namespace mpx
+{
+MPX_DECL void check_reachable_at(c10d::Store& store, const std::string& ip, int rank, int world, std::chrono::milliseconds timeout)
 {
   using namespace detail;
   if (world == 1) return;
@@ -219,10 +253,7 @@ inline void check_reachable_at(c10d::Store& store, const std::string& ip, int ra
                      "others reach, and GLOO_SOCKET_IFNAME on each node to the interface on that network");
 }
 
-
-/// `check_reachable_at` this rank's Gloo endpoint (IPv4; an IPv6 endpoint is left to Gloo). A rank that
-/// never reports is a `peer_error` after the timeout.
-inline void check_reachable(c10d::Store& store, const detail::GlooEndpoint& at, const Env& env, std::chrono::milliseconds timeout)
+MPX_DECL void check_reachable(c10d::Store& store, const detail::GlooEndpoint& at, const Env& env, std::chrono::milliseconds timeout)
 {
   const std::string ip = at.interface.empty() ? at.address : detail::interface_address(at.interface);
   if (ip.empty() || ip.find(':') != std::string::npos) return;
@@ -240,3 +271,4 @@ inline void check_reachable(c10d::Store& store, const detail::GlooEndpoint& at, 
 }
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

@@ -8,6 +8,7 @@
 /// both values (ranks started with another `--seed` would otherwise train silently on mismatched data).
 
 #include <mpx/runtime/errors.hpp>  // mpx::config_error, mpx::peer_error
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/csrc/distributed/c10d/Store.hpp>  // c10d::Store
 
@@ -25,7 +26,29 @@ using RunSettings = std::vector<std::pair<std::string, std::string>>;
 namespace detail
 {
 /// "name=value" lines; names and values may not hold a newline or '=' in the name.
-inline std::string encode_settings(const RunSettings& s)
+MPX_DECL std::string encode_settings(const RunSettings& s);
+
+MPX_DECL RunSettings decode_settings(const std::string& text);
+
+/// The first difference between rank `a`'s and rank `b`'s settings, or empty.
+MPX_DECL std::string settings_difference(const RunSettings& mine, int me, const RunSettings& theirs, int them);
+/// A rank that found a difference marks that it has read what it needs; rank 0 (the store's host, or beside
+/// the agent that hosts it) waits for every other rank's mark before it stops, so that no rank sees the
+/// store vanish instead of the difference. Every rank finds one (each compares with every other).
+MPX_DECL void settings_read(c10d::Store& store, int rank, int world, std::chrono::milliseconds timeout);
+}  // namespace detail
+
+/// Compares this rank's settings with every rank's (a collective over the store: every rank calls it).
+MPX_DECL void check_run_settings(c10d::Store& store, const RunSettings& mine, int rank, int world, std::chrono::milliseconds timeout);
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::detail
+{
+MPX_DECL std::string encode_settings(const RunSettings& s)
 {
   std::string out;
   for (auto& [k, v] : s) {
@@ -36,7 +59,7 @@ inline std::string encode_settings(const RunSettings& s)
   return out;
 }
 
-inline RunSettings decode_settings(const std::string& text)
+MPX_DECL RunSettings decode_settings(const std::string& text)
 {
   RunSettings out;
   std::size_t i = 0;
@@ -49,8 +72,7 @@ inline RunSettings decode_settings(const std::string& text)
   return out;
 }
 
-/// The first difference between rank `a`'s and rank `b`'s settings, or empty.
-inline std::string settings_difference(const RunSettings& mine, int me, const RunSettings& theirs, int them)
+MPX_DECL std::string settings_difference(const RunSettings& mine, int me, const RunSettings& theirs, int them)
 {
   auto find = [](const RunSettings& s, const std::string& k) -> const std::string* {
     for (auto& [n, v] : s)
@@ -66,10 +88,8 @@ inline std::string settings_difference(const RunSettings& mine, int me, const Ru
     if (!find(mine, k)) return "rank " + std::to_string(them) + " has run setting '" + k + "' = '" + v + "', rank " + std::to_string(me) + " does not set it";
   return {};
 }
-/// A rank that found a difference marks that it has read what it needs; rank 0 (the store's host, or beside
-/// the agent that hosts it) waits for every other rank's mark before it stops, so that no rank sees the
-/// store vanish instead of the difference. Every rank finds one (each compares with every other).
-inline void settings_read(c10d::Store& store, int rank, int world, std::chrono::milliseconds timeout)
+
+MPX_DECL void settings_read(c10d::Store& store, int rank, int world, std::chrono::milliseconds timeout)
 {
   try {
     store.set("mpx/settings/read/" + std::to_string(rank), std::vector<uint8_t>{1});
@@ -78,10 +98,12 @@ inline void settings_read(c10d::Store& store, int rank, int world, std::chrono::
   } catch (const std::exception&) {  // a rank that died first: the difference is still what to report
   }
 }
-}  // namespace detail
 
-/// Compares this rank's settings with every rank's (a collective over the store: every rank calls it).
-inline void check_run_settings(c10d::Store& store, const RunSettings& mine, int rank, int world, std::chrono::milliseconds timeout)
+}  // namespace mpx::detail
+
+namespace mpx
+{
+MPX_DECL void check_run_settings(c10d::Store& store, const RunSettings& mine, int rank, int world, std::chrono::milliseconds timeout)
 {
   const std::string text = detail::encode_settings(mine);
   store.set("mpx/settings/" + std::to_string(rank), std::vector<uint8_t>(text.begin(), text.end()));
@@ -105,3 +127,4 @@ inline void check_run_settings(c10d::Store& store, const RunSettings& mine, int 
 }
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

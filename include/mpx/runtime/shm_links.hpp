@@ -19,6 +19,7 @@
 #include <mpx/runtime/wire/shm_ring.hpp>   // mpx::ShmRing
 #include <mpx/runtime/wire/shm_sum.hpp>    // mpx::ShmSum
 #include <mpx/runtime/world.hpp>           // mpx::World
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <sched.h>   // sched_getaffinity, CPU_COUNT
 #include <unistd.h>  // readlink
@@ -45,7 +46,64 @@ namespace detail
 {
 /// What makes two processes able to share a ring: the same boot and the same namespaces ("" when this
 /// system does not say, which shares with nobody).
-inline std::string host_identity()
+MPX_DECL std::string host_identity();
+
+/// How long a wait spins before it sleeps unless `MPX_SHM_SPIN_US` says: 1000 µs when this process may
+/// use a CPU for every intra-op thread of every rank on the host (a spin then takes a CPU nobody else
+/// wants, and a receiver that sleeps costs its sender a futex wake, 10-20 µs on a VM), else 50 µs.
+MPX_DECL int default_spin_us(int local_ranks);
+
+/// A process's count of ShmLinks built so far (their store keys).
+MPX_DECL int next_shm_links_id();
+
+inline std::string bytes_text(const std::vector<std::uint8_t>& v) { return std::string(v.begin(), v.end()); }
+inline std::vector<std::uint8_t> text_bytes(const std::string& s) { return std::vector<std::uint8_t>(s.begin(), s.end()); }
+}  // namespace detail
+
+class ShmLinks
+{
+ public:
+  /// `on`: this rank's pipeline messages are CPU tensors (Gloo); otherwise nothing goes through here.
+  ShmLinks(World& w, bool on);
+
+  /// The ring that brings `channel`'s messages from slot `src` on `lane`, or null when they come over Gloo.
+  ShmRing* incoming(int lane, int src, int channel);
+  /// The ring that takes `channel`'s messages to slot `dst` on `lane`, or null when they go over Gloo.
+  ShmRing* outgoing(int lane, int dst, int channel);
+
+  /// The world's end-of-step sum through shared memory (wire/shm_sum.hpp) when every rank shares this host,
+  /// else null (it goes over Gloo). World rank 0 decides from what each rank published and says so in the
+  /// store, so every rank chooses the same way. A collective: every rank calls it once.
+  std::unique_ptr<ShmSum> world_sum();
+
+  /// Whether shared memory is on in this process's environment (`MPX_SHM`).
+  static bool enabled();
+
+ private:
+  ShmRing* ring(int src, int dst, int lane, int channel, ShmRing::End end, int peer);
+
+  bool shares_host(int peer);
+
+  void read_token();
+
+  World& w_;
+  bool on_;
+  std::string key_, host_, token_;
+  std::uint64_t capacity_ = 0;
+  std::chrono::microseconds spin_{50};
+  std::map<int, bool> shares_;
+  std::map<std::tuple<int, int, int, int>, std::unique_ptr<ShmRing>> rings_;
+};
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::detail
+{
+
+MPX_DECL std::string host_identity()
 {
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
   std::string id;
@@ -59,10 +117,7 @@ inline std::string host_identity()
   return id;
 }
 
-/// How long a wait spins before it sleeps unless `MPX_SHM_SPIN_US` says: 1000 µs when this process may
-/// use a CPU for every intra-op thread of every rank on the host (a spin then takes a CPU nobody else
-/// wants, and a receiver that sleeps costs its sender a futex wake, 10-20 µs on a VM), else 50 µs.
-inline int default_spin_us(int local_ranks)
+MPX_DECL int default_spin_us(int local_ranks)
 {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -70,137 +125,120 @@ inline int default_spin_us(int local_ranks)
   return local_ranks * std::max(1, at::get_num_threads()) <= cpus ? 1000 : 50;
 }
 
-/// A process's count of ShmLinks built so far (their store keys).
-inline int next_shm_links_id()
+MPX_DECL int next_shm_links_id()
 {
   static int next = 0;
   return next++;
 }
 
-inline std::string bytes_text(const std::vector<std::uint8_t>& v) { return std::string(v.begin(), v.end()); }
-inline std::vector<std::uint8_t> text_bytes(const std::string& s) { return std::vector<std::uint8_t>(s.begin(), s.end()); }
-}  // namespace detail
+}  // namespace mpx::detail
 
-class ShmLinks
+namespace mpx
 {
- public:
-  /// `on`: this rank's pipeline messages are CPU tensors (Gloo); otherwise nothing goes through here.
-  ShmLinks(World& w, bool on) : w_(w), on_(on && w.store && w.env.world_size > 1)
-  {
-    if (!on_) return;
-    key_ = "mpx/shm/" + std::to_string(detail::next_shm_links_id()) + "/";
-    host_ = enabled() ? detail::host_identity() : "";  // published as it is: "" shares with nobody, not even another ""
-    w_.store->set(key_ + "host/" + std::to_string(w_.env.rank), detail::text_bytes("host " + host_));
-    if (w_.env.rank == 0) {
-      std::random_device rd;
-      std::ostringstream token;
-      token << std::hex << rd() << rd();
-      const int kb = detail::getenv_int("MPX_SHM_RING_KB", 8192);
-      if (kb < 4 || kb > (1 << 22) || (kb & (kb - 1)) != 0)
-        throw config_error("mpx: MPX_SHM_RING_KB=" + std::to_string(kb) + " must be a power of two from 4 to 4194304 (KiB per ring; tiny rings send most messages over Gloo)");
-      w_.store->set(key_ + "token", detail::text_bytes(token.str() + " " + std::to_string(kb)));
-    }
-    const int spin = detail::getenv_int("MPX_SHM_SPIN_US", detail::default_spin_us(w_.env.local_world_size));
-    if (spin < 0 || spin > 1'000'000) throw config_error("mpx: MPX_SHM_SPIN_US=" + std::to_string(spin) + " must be from 0 to 1000000 (µs)");
-    spin_ = std::chrono::microseconds(spin);
-  }
 
-  /// The ring that brings `channel`'s messages from slot `src` on `lane`, or null when they come over Gloo.
-  ShmRing* incoming(int lane, int src, int channel)
-  {
-    const int peer = w_.global_rank(w_.replica, src, lane % w_.degree[std::size_t(src)]);
-    return ring(peer, w_.env.rank, lane, channel, ShmRing::End::receiver, peer);
+MPX_DECL ShmLinks::ShmLinks(World& w, bool on)
+    : w_(w), on_(on && w.store && w.env.world_size > 1)
+{
+  if (!on_) return;
+  key_ = "mpx/shm/" + std::to_string(detail::next_shm_links_id()) + "/";
+  host_ = enabled() ? detail::host_identity() : "";  // published as it is: "" shares with nobody, not even another ""
+  w_.store->set(key_ + "host/" + std::to_string(w_.env.rank), detail::text_bytes("host " + host_));
+  if (w_.env.rank == 0) {
+    std::random_device rd;
+    std::ostringstream token;
+    token << std::hex << rd() << rd();
+    const int kb = detail::getenv_int("MPX_SHM_RING_KB", 8192);
+    if (kb < 4 || kb > (1 << 22) || (kb & (kb - 1)) != 0)
+      throw config_error("mpx: MPX_SHM_RING_KB=" + std::to_string(kb) + " must be a power of two from 4 to 4194304 (KiB per ring; tiny rings send most messages over Gloo)");
+    w_.store->set(key_ + "token", detail::text_bytes(token.str() + " " + std::to_string(kb)));
   }
-  /// The ring that takes `channel`'s messages to slot `dst` on `lane`, or null when they go over Gloo.
-  ShmRing* outgoing(int lane, int dst, int channel)
-  {
-    const int peer = w_.global_rank(w_.replica, dst, lane % w_.degree[std::size_t(dst)]);
-    return ring(w_.env.rank, peer, lane, channel, ShmRing::End::sender, peer);
-  }
+  const int spin = detail::getenv_int("MPX_SHM_SPIN_US", detail::default_spin_us(w_.env.local_world_size));
+  if (spin < 0 || spin > 1'000'000) throw config_error("mpx: MPX_SHM_SPIN_US=" + std::to_string(spin) + " must be from 0 to 1000000 (µs)");
+  spin_ = std::chrono::microseconds(spin);
+}
 
-  /// The world's end-of-step sum through shared memory (wire/shm_sum.hpp) when every rank shares this host,
-  /// else null (it goes over Gloo). World rank 0 decides from what each rank published and says so in the
-  /// store, so every rank chooses the same way. A collective: every rank calls it once.
-  std::unique_ptr<ShmSum> world_sum()
-  {
-    if (!on_) return nullptr;
-    const std::string key = key_ + "sum";
-    if (w_.env.rank == 0) {
-      bool all = w_.env.local_world_size >= w_.env.world_size;  // fewer local ranks than the world: the launcher says more than one node
-      for (int r = 1; all && r < w_.env.world_size; ++r) all = shares_host(r);
-      w_.store->set(key, detail::text_bytes(all && !host_.empty() ? "shm" : "gloo"));
-    }
-    std::string how;
-    try {
-      how = detail::bytes_text(w_.store->get(key));
-    } catch (const std::exception& e) {
-      throw peer_error("mpx: rank " + std::to_string(w_.env.rank) + ": rank 0 did not say how the world sums (shared-memory set-up): " + e.what());
-    }
-    if (how == "gloo") return nullptr;
-    if (how != "shm") throw peer_error("mpx: the run's store holds a malformed choice '" + how + "' for the world's sum");
+MPX_DECL ShmRing* ShmLinks::incoming(int lane, int src, int channel)
+{
+  const int peer = w_.global_rank(w_.replica, src, lane % w_.degree[std::size_t(src)]);
+  return ring(peer, w_.env.rank, lane, channel, ShmRing::End::receiver, peer);
+}
+
+MPX_DECL ShmRing* ShmLinks::outgoing(int lane, int dst, int channel)
+{
+  const int peer = w_.global_rank(w_.replica, dst, lane % w_.degree[std::size_t(dst)]);
+  return ring(w_.env.rank, peer, lane, channel, ShmRing::End::sender, peer);
+}
+
+MPX_DECL std::unique_ptr<ShmSum> ShmLinks::world_sum()
+{
+  if (!on_) return nullptr;
+  const std::string key = key_ + "sum";
+  if (w_.env.rank == 0) {
+    bool all = w_.env.local_world_size >= w_.env.world_size;  // fewer local ranks than the world: the launcher says more than one node
+    for (int r = 1; all && r < w_.env.world_size; ++r) all = shares_host(r);
+    w_.store->set(key, detail::text_bytes(all && !host_.empty() ? "shm" : "gloo"));
+  }
+  std::string how;
+  try {
+    how = detail::bytes_text(w_.store->get(key));
+  } catch (const std::exception& e) {
+    throw peer_error("mpx: rank " + std::to_string(w_.env.rank) + ": rank 0 did not say how the world sums (shared-memory set-up): " + e.what());
+  }
+  if (how == "gloo") return nullptr;
+  if (how != "shm") throw peer_error("mpx: the run's store holds a malformed choice '" + how + "' for the world's sum");
+  read_token();
+  return std::make_unique<ShmSum>("/mpx-" + token_ + "-sum", w_.env.world_size, w_.env.rank, w_.timeout, spin_);
+}
+
+MPX_DECL bool ShmLinks::enabled()
+{
+  const auto v = detail::getenv_str("MPX_SHM");
+  if (!v || *v == "1") return true;
+  if (*v == "0") return false;
+  throw config_error("mpx: MPX_SHM=\"" + *v + "\": set it to 1 (pipeline messages between ranks of one host through shared memory, the default) or 0 (over Gloo)");
+}
+
+MPX_DECL ShmRing* ShmLinks::ring(int src, int dst, int lane, int channel, ShmRing::End end, int peer)
+{
+  if (!on_ || !shares_host(peer)) return nullptr;
+  auto& slot = rings_[{src, dst, lane, channel}];
+  if (!slot) {
     read_token();
-    return std::make_unique<ShmSum>("/mpx-" + token_ + "-sum", w_.env.world_size, w_.env.rank, w_.timeout, spin_);
+    const std::string name = "/mpx-" + token_ + "-" + std::to_string(src) + "-" + std::to_string(dst) + "-" + std::to_string(lane) + "-" +
+                             std::to_string(channel);
+    slot = std::make_unique<ShmRing>(name, capacity_, end, "rank " + std::to_string(peer), w_.timeout, spin_);
   }
+  return slot.get();
+}
 
-  /// Whether shared memory is on in this process's environment (`MPX_SHM`).
-  static bool enabled()
-  {
-    const auto v = detail::getenv_str("MPX_SHM");
-    if (!v || *v == "1") return true;
-    if (*v == "0") return false;
-    throw config_error("mpx: MPX_SHM=\"" + *v + "\": set it to 1 (pipeline messages between ranks of one host through shared memory, the default) or 0 (over Gloo)");
+MPX_DECL bool ShmLinks::shares_host(int peer)
+{
+  auto it = shares_.find(peer);
+  if (it != shares_.end()) return it->second;
+  std::string theirs;
+  try {
+    theirs = detail::bytes_text(w_.store->get(key_ + "host/" + std::to_string(peer)));
+  } catch (const std::exception& e) {
+    throw peer_error("mpx: rank " + std::to_string(w_.env.rank) + ": rank " + std::to_string(peer) +
+                     " did not say where it runs (shared-memory set-up): " + e.what());
   }
+  return shares_[peer] = !host_.empty() && theirs == "host " + host_;
+}
 
- private:
-  ShmRing* ring(int src, int dst, int lane, int channel, ShmRing::End end, int peer)
-  {
-    if (!on_ || !shares_host(peer)) return nullptr;
-    auto& slot = rings_[{src, dst, lane, channel}];
-    if (!slot) {
-      read_token();
-      const std::string name = "/mpx-" + token_ + "-" + std::to_string(src) + "-" + std::to_string(dst) + "-" + std::to_string(lane) + "-" +
-                               std::to_string(channel);
-      slot = std::make_unique<ShmRing>(name, capacity_, end, "rank " + std::to_string(peer), w_.timeout, spin_);
-    }
-    return slot.get();
+MPX_DECL void ShmLinks::read_token()
+{
+  if (!token_.empty()) return;
+  std::string v;
+  try {
+    v = detail::bytes_text(w_.store->get(key_ + "token"));
+  } catch (const std::exception& e) {
+    throw peer_error("mpx: rank " + std::to_string(w_.env.rank) + ": rank 0 did not publish the shared-memory token: " + e.what());
   }
-
-  bool shares_host(int peer)
-  {
-    auto it = shares_.find(peer);
-    if (it != shares_.end()) return it->second;
-    std::string theirs;
-    try {
-      theirs = detail::bytes_text(w_.store->get(key_ + "host/" + std::to_string(peer)));
-    } catch (const std::exception& e) {
-      throw peer_error("mpx: rank " + std::to_string(w_.env.rank) + ": rank " + std::to_string(peer) +
-                       " did not say where it runs (shared-memory set-up): " + e.what());
-    }
-    return shares_[peer] = !host_.empty() && theirs == "host " + host_;
-  }
-
-  void read_token()
-  {
-    if (!token_.empty()) return;
-    std::string v;
-    try {
-      v = detail::bytes_text(w_.store->get(key_ + "token"));
-    } catch (const std::exception& e) {
-      throw peer_error("mpx: rank " + std::to_string(w_.env.rank) + ": rank 0 did not publish the shared-memory token: " + e.what());
-    }
-    std::istringstream in(v);
-    long kb = 0;
-    if (!(in >> token_ >> kb) || kb < 4 || kb > (1 << 22)) throw peer_error("mpx: the run's store holds a malformed shared-memory token '" + v + "'");
-    capacity_ = std::uint64_t(kb) << 10;
-  }
-
-  World& w_;
-  bool on_;
-  std::string key_, host_, token_;
-  std::uint64_t capacity_ = 0;
-  std::chrono::microseconds spin_{50};
-  std::map<int, bool> shares_;
-  std::map<std::tuple<int, int, int, int>, std::unique_ptr<ShmRing>> rings_;
-};
+  std::istringstream in(v);
+  long kb = 0;
+  if (!(in >> token_ >> kb) || kb < 4 || kb > (1 << 22)) throw peer_error("mpx: the run's store holds a malformed shared-memory token '" + v + "'");
+  capacity_ = std::uint64_t(kb) << 10;
+}
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

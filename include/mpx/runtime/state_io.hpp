@@ -48,6 +48,7 @@
 #include <mpx/runtime/stage_set.hpp>        // mpx::StageSet
 #include <mpx/runtime/world.hpp>            // mpx::World, mpx::barrier
 #include <mpx/tp/layers.hpp>                 // mpx::tp::Split, join, shard
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 #include <torch/csrc/distributed/c10d/HashStore.hpp>  // c10d::HashStore (a one-process checkpoint's store)
@@ -97,41 +98,14 @@ namespace detail
 namespace fs = std::filesystem;
 inline constexpr int checkpoint_format = 3;
 
-inline std::string step_dir_name(long step)
-{
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step-%08ld", step);
-  return buf;
-}
-inline bool is_step_dir_name(const std::string& n)
-{
-  return n.size() == 13 && n.rfind("step-", 0) == 0 && n.find_first_not_of("0123456789", 5) == std::string::npos;
-}
+MPX_DECL std::string step_dir_name(long step);
+MPX_DECL bool is_step_dir_name(const std::string& n);
 
 /// fsync of a file or a directory (what makes a rename durable).
-inline void sync_path(const std::string& path)
-{
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw config_error("mpx: cannot open " + path + " to sync it: " + std::strerror(errno));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw config_error("mpx: fsync of " + path + " failed: " + std::strerror(errno) + " (disk full or failing?)");
-}
+MPX_DECL void sync_path(const std::string& path);
 
 /// Writes `text` to `path` so that a crash leaves the old content or the new, never a mix.
-inline void write_durably(const std::string& path, const std::string& text)
-{
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) throw config_error("mpx: cannot write " + tmp + " (disk full?); the checkpoints before it are intact");
-  }
-  sync_path(tmp);
-  fs::rename(tmp, path);
-  sync_path(fs::path(path).parent_path().string());
-}
+MPX_DECL void write_durably(const std::string& path, const std::string& text);
 
 /// A file's size, XXH3-64 (as 16 hex digits; empty when checksums are off), the tensors it holds, and for
 /// a stage file how its tensors are named and how the split ones are cut (tensor parallelism).
@@ -143,92 +117,21 @@ struct FileSum
   bool global_names = false;                ///< named by the model's global names (else within the stage)
   std::map<std::string, tp::Split> splits;  ///< the split parameters: how this file's shard was cut
 };
-inline nlohmann::json to_json(const FileSum& f)
-{
-  nlohmann::json j = {{"bytes", f.bytes}, {"xxh3", f.xxh3}, {"tensors", f.tensors}};
-  if (f.global_names) j["global_names"] = true;
-  for (auto& [name, sp] : f.splits) {
-    j["splits"][name] = {{"dim", sp.dim}, {"parts", sp.parts}};
-    if (sp.shared()) j["splits"][name]["shares"] = sp.shares;
-  }
-  return j;
-}
-inline FileSum from_json(const nlohmann::json& e)
-{
-  FileSum f;
-  f.bytes = e.at("bytes").get<std::uintmax_t>(), f.xxh3 = e.at("xxh3").get<std::string>();
-  f.tensors = e.value("tensors", std::vector<std::string>{}), f.global_names = e.value("global_names", false);
-  if (e.contains("splits"))
-    for (auto& [name, sp] : e.at("splits").items()) {
-      tp::Split s{name, sp.at("dim").get<int64_t>(), sp.at("parts").get<std::vector<int64_t>>(),
-                  sp.value("shares", std::vector<int64_t>{})};
-      auto positive = [](const std::vector<int64_t>& v) { return std::all_of(v.begin(), v.end(), [](int64_t p) { return p > 0; }); };
-      if (s.dim < 0 || s.dim > 16 || !positive(s.parts) || !positive(s.shares) ||
-          (!s.shares.empty() && s.shares.size() != std::max<std::size_t>(s.parts.size(), 1)))
-        throw std::invalid_argument("the split of " + name + " is not a dimension, positive part sizes and positive shares, one per part");
-      f.splits[name] = std::move(s);
-    }
-  return f;
-}
-inline FileSum sum_file(const std::string& path, bool checksum)
-{
-  FileSum out;
-  out.bytes = fs::file_size(path);
-  if (!checksum) return out;
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw config_error("mpx: cannot read " + path + ": " + std::strerror(errno));
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
-  std::vector<char> buf(std::size_t(1) << 20);
-  for (ssize_t n; (n = ::read(fd, buf.data(), buf.size())) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      ::close(fd), XXH3_freeState(st);
-      throw config_error("mpx: cannot read " + path + ": " + std::strerror(errno));
-    }
-    XXH3_64bits_update(st, buf.data(), std::size_t(n));
-  }
-  ::close(fd);
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits_digest(st)));
-  XXH3_freeState(st);
-  out.xxh3 = hex;
-  return out;
-}
+MPX_DECL nlohmann::json to_json(const FileSum& f);
+MPX_DECL FileSum from_json(const nlohmann::json& e);
+MPX_DECL FileSum sum_file(const std::string& path, bool checksum);
 
 /// The complete checkpoints under `root` (directories with a manifest), oldest first.
-inline std::vector<std::string> complete_checkpoints(const std::string& root)
-{
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (auto& e : fs::directory_iterator(root, ec))
-    if (e.is_directory() && is_step_dir_name(e.path().filename().string()) && fs::exists(e.path() / "manifest.json"))
-      out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+MPX_DECL std::vector<std::string> complete_checkpoints(const std::string& root);
 
 /// What to do instead, for an error about checkpoint `dir` under `root`: the other complete ones.
-inline std::string other_checkpoints(const std::string& root, const std::string& dir)
-{
-  std::string list;
-  for (auto& c : complete_checkpoints(root))
-    if ((fs::path(root) / c).string() != dir) list += (list.empty() ? "" : ", ") + (fs::path(root) / c).string();
-  return list.empty() ? "; no other complete checkpoint is kept under " + root
-                      : "; resume from another complete checkpoint by passing its directory: " + list;
-}
+MPX_DECL std::string other_checkpoints(const std::string& root, const std::string& dir);
 
 inline std::string stage_file(int s, const std::string& shard, const std::string& suffix) { return "stage" + std::to_string(s) + shard + suffix; }
 inline std::string rng_file(int rank) { return "rank" + std::to_string(rank) + ".rng.safetensors"; }
 
 /// The trainable ones of a stage's named tensors (what its optimizer steps).
-inline std::map<std::string, at::Tensor> trainable_of(const std::map<std::string, at::Tensor>& tensors)
-{
-  std::map<std::string, at::Tensor> out;
-  for (auto& [k, t] : tensors)
-    if (t.requires_grad()) out[k] = t;
-  return out;
-}
+MPX_DECL std::map<std::string, at::Tensor> trainable_of(const std::map<std::string, at::Tensor>& tensors);
 
 /// One stage this rank holds, as a checkpoint sees it: its tensors by name, how the split ones are cut, and
 /// its optimizer. A pipeline's come from its StageSet (`slots_of`); a one-process model's from its parts.
@@ -264,7 +167,304 @@ std::vector<StageSlot> slots_of(StageSet<P>& stages, StageOptimizers& optimizers
 }
 
 /// A one-process model's parts as the stages of a checkpoint (see `save_local_checkpoint`).
-inline std::vector<StageSlot> local_slots(const std::vector<LocalPart>& parts)
+MPX_DECL std::vector<StageSlot> local_slots(const std::vector<LocalPart>& parts);
+
+/// This rank's files of a save, written into `dir`: replica 0's stages (tensors, optimizer state) and every
+/// rank's random generator. Returns them with their sums and tensor names.
+MPX_DECL std::map<std::string, FileSum> write_rank_files(World& w, const std::string& dir, const std::vector<StageSlot>& slots, long step,
+                                                       bool checksums);
+
+/// Every rank's files, gathered on rank 0 through the store (rank 0 calls it after the others published).
+MPX_DECL std::map<std::string, FileSum> gather_sums(World& w, const std::string& key);
+
+/// Removes all but the newest `keep` complete checkpoints up to `newest` (the one just saved), and older
+/// leftovers of interrupted saves. Checkpoints of later steps (an earlier, longer run into the same root)
+/// are left alone: only `latest` says which one is current.
+MPX_DECL void prune_checkpoints(const std::string& root, int keep, const std::string& newest);
+}  // namespace detail
+
+namespace detail
+{
+/// A save (see the file comment) of `slots`, this rank's stages of a model identified by `fingerprint`.
+MPX_DECL void save_checkpoint(World& w, const std::string& root, const std::vector<StageSlot>& slots, const std::string& fingerprint,
+                            int num_stages, const TrainingState& t, const CheckpointOptions& co);
+}  // namespace detail
+
+/// Saves the training state as a new checkpoint under `root` (see the file comment). Every rank calls it.
+template <PipelineType P>
+void save_training_state(World& w, const std::string& root, StageSet<P>& stages, StageOptimizers& optimizers, const TrainingState& t,
+                         const CheckpointOptions& co = {})
+{
+  detail::save_checkpoint(w, root, detail::slots_of(stages, optimizers), std::to_string(fingerprint_v<P>), P::num_stages, t, co);
+}
+
+namespace detail
+{
+/// The checkpoint directory `path` names: itself when it holds a manifest, else the one `path/latest` names.
+MPX_DECL std::string locate_checkpoint(const std::string& path);
+
+struct Manifest
+{
+  std::string dir, root, fingerprint;
+  long step = 0;
+  int world_size = 0;
+  bool checksums = true;
+  std::map<std::string, FileSum> files;
+};
+
+/// Reads and checks `dir`'s manifest (the pipeline's fingerprint is compared by the caller).
+MPX_DECL Manifest read_manifest(const std::string& dir);
+
+/// Checks that `name` is in the manifest and on disk as the save left it; returns its path.
+MPX_DECL std::string verified(const Manifest& m, const std::string& name, const CheckpointOptions& co);
+
+/// A stage file's name taken apart: its stage, and its tensor-parallel shard ("" or ".tp<k>of<N>", the part
+/// between the stage number and `tail`, ".safetensors" or ".optimizer.safetensors"), with k and N.
+struct StageFileName
+{
+  int stage = 0;
+  std::string shard;
+  int tp_rank = 0, tp_size = 1;
+};
+MPX_DECL std::optional<StageFileName> parse_stage_file(const std::string& name, const std::string& tail);
+
+/// The checkpoint's stage files read by tensor name, for one rank: which file holds a tensor of this
+/// rank's shard (`shard`), which files hold it cut at another tensor-parallel degree, and the files read so
+/// far (verified once, kept).
+class CheckpointReader
+{
+ public:
+  CheckpointReader(const Manifest& m, std::string shard, const CheckpointOptions& co, const std::string& tail);
+  /// The file that holds `name` for this rank's shard, or "".
+  std::string file_of(const std::string& name) const;
+  /// The files that hold `name` at one tensor-parallel degree, one per shard in rank order (the smallest
+  /// degree with every shard; within stage `stage` only, when it is not -1); empty when there are none.
+  std::vector<std::string> pieces(const std::string& name, int stage = -1) const;
+  /// Tensor `name` of `file` (verified and read on first use).
+  at::Tensor get(const std::string& file, const std::string& name);
+  /// Every tensor name the checkpoint holds in these files (any shard).
+  std::vector<std::string> all_names() const;
+
+ private:
+  const Manifest& m_;
+  std::string shard_;
+  CheckpointOptions co_;
+  std::map<std::string, std::string> here_;
+  std::map<std::string, std::vector<std::pair<std::string, StageFileName>>> everywhere_;
+  std::map<std::string, Safetensors> open_;
+};
+
+inline bool is_buffer_name(const std::string& k) { return k.rfind("buffer.", 0) == 0; }
+
+/// How parameter `param` was cut in the files `pieces` (null: whole in each).
+MPX_DECL const tp::Split* saved_split(const Manifest& m, const std::vector<std::string>& pieces, const std::string& param);
+MPX_DECL const tp::Split* split_of(const std::map<std::string, tp::Split>& splits, const std::string& param);
+
+/// A tensor cut at another tensor-parallel degree, re-cut for shard `rank` of `size`: the saved shards
+/// `pieces` joined under `saved` (when it was split; a tensor without a split dimension, a step count, is
+/// whole in each), then this shard cut under `mine` (when it is split here).
+MPX_DECL at::Tensor recut(const std::vector<at::Tensor>& pieces, const tp::Split* saved, const tp::Split* mine, int rank, int size);
+
+/// Stage `slot`'s tensor `k` from the checkpoint: from this rank's own shard when it is there, else re-cut
+/// from the shards of another tensor-parallel degree (a globally named parameter from any stage; a buffer,
+/// or a parameter named within its stage, from the same stage only: names repeat across stages, and another
+/// stage's tensor of the same name and shape must never be taken silently). Undefined when absent.
+MPX_DECL at::Tensor find_tensor(const Manifest& m, CheckpointReader& rd, const StageSlot& slot, const std::string& k, std::string& from);
+
+/// Optimizer state `k` = "<parameter>/<field>" of stage `slot` (see `find_tensor`); 8-bit moments cut
+/// another way move as the fp32 moments they hold (`m`, `v`), re-quantized by the optimizer.
+MPX_DECL at::Tensor find_moment(const Manifest& m, CheckpointReader& moments, CheckpointReader& tensors, const StageSlot& slot, const std::string& k);
+
+/// " a b c" — at most 12 names, then how many more.
+MPX_DECL std::string name_list(const std::vector<std::string>& names);
+
+/// Copies a stage's tensors from the checkpoint by name, after checking they are exactly the model's; the
+/// names it took go into `taken`.
+MPX_DECL void load_stage_tensors(const Manifest& m, CheckpointReader& rd, const StageSlot& slot, const CheckpointOptions& co,
+                               std::vector<std::string>& taken);
+
+/// This rank's part of a load (see `load_training_state`): its stages' tensors and optimizer states by
+/// name, its random generator, and the trainer's state. `taken` and `saved`: the stage tensor names it
+/// took, and all the checkpoint holds (for the agreement).
+MPX_DECL TrainingState load_rank_state(World& w, const Manifest& m, const std::vector<StageSlot>& slots, const std::string& fingerprint,
+                                     TrainingState current, const CheckpointOptions& co, std::vector<std::string>& taken,
+                                     std::vector<std::string>& saved);
+
+/// The load's verdict, agreed by every rank through the store: each rank publishes its error or the tensor
+/// names it took; rank 0 adds the checkpoint's tensors no rank took and publishes the first error; every
+/// rank reads it and throws it (rank 0 only once the others have read it: it hosts the store).
+MPX_DECL void agree_on_load(World& w, const std::string& key, const std::string& mine, const std::vector<std::string>& taken,
+                          const std::vector<std::string>& saved, const Manifest& m);
+}  // namespace detail
+
+namespace detail
+{
+/// A load (see `load_training_state`) into `slots`, this rank's stages of a model identified by `fingerprint`.
+MPX_DECL TrainingState load_checkpoint(World& w, const std::string& path, const std::vector<StageSlot>& slots, const std::string& fingerprint,
+                                     TrainingState current, const CheckpointOptions& co);
+
+/// A world of one process without a launcher (a one-process model's checkpoints): its own store, no group.
+MPX_DECL World local_world();
+}  // namespace detail
+
+/// Restores the checkpoint `path` names (see the file comment) into this rank's stages, optimizers and
+/// random generator, and returns the trainer's state (`current` supplies what the file does not record).
+/// A collective: every rank calls it.
+template <PipelineType P>
+TrainingState load_training_state(World& w, const std::string& path, StageSet<P>& stages, StageOptimizers& optimizers, TrainingState current,
+                                  const CheckpointOptions& co = {})
+{
+  return detail::load_checkpoint(w, path, detail::slots_of(stages, optimizers), std::to_string(fingerprint_v<P>), current, co);
+}
+
+/// Saves a model trained in one process (plain LibTorch, no pipeline) as a checkpoint under `root`, in
+/// the same format: part i is written as stage i would be, so the checkpoint resumes in any pipeline
+/// whose stages name their parameters globally, and `load_local_checkpoint` takes any such pipeline's.
+MPX_DECL void save_local_checkpoint(const std::string& root, const std::vector<LocalPart>& parts, const TrainingState& t,
+                                  const CheckpointOptions& co = {});
+
+/// Restores the checkpoint `path` names into a model trained in one process (see `save_local_checkpoint`):
+/// tensors found by global name in whatever stage, degree or replica saved them, optimizer state with them.
+MPX_DECL TrainingState load_local_checkpoint(const std::string& path, const std::vector<LocalPart>& parts, TrainingState current = {},
+                                           const CheckpointOptions& co = {});
+
+/// The whole weights of the checkpoint `path` names, by global name (tensor-parallel shards joined; the
+/// tensors of a stage that names them within itself, and buffers, as "stage<I>/<name>"): what
+/// `export_checkpoint_weights` writes.
+MPX_DECL std::map<std::string, at::Tensor> consolidated_weights(const detail::Manifest& m, const CheckpointOptions& co = {});
+MPX_DECL std::map<std::string, at::Tensor> consolidated_weights(const std::string& path, const CheckpointOptions& co = {});
+
+/// Writes the checkpoint's whole weights (`consolidated_weights`) as one safetensors file `out`, which
+/// LibTorch, Python's safetensors or a few lines of Python read (docs/08).
+MPX_DECL void export_checkpoint_weights(const std::string& path, const std::string& out, const CheckpointOptions& co = {});
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::detail
+{
+
+MPX_DECL std::string step_dir_name(long step)
+{
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08ld", step);
+  return buf;
+}
+
+MPX_DECL bool is_step_dir_name(const std::string& n)
+{
+  return n.size() == 13 && n.rfind("step-", 0) == 0 && n.find_first_not_of("0123456789", 5) == std::string::npos;
+}
+
+MPX_DECL void sync_path(const std::string& path)
+{
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw config_error("mpx: cannot open " + path + " to sync it: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw config_error("mpx: fsync of " + path + " failed: " + std::strerror(errno) + " (disk full or failing?)");
+}
+
+MPX_DECL void write_durably(const std::string& path, const std::string& text)
+{
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) throw config_error("mpx: cannot write " + tmp + " (disk full?); the checkpoints before it are intact");
+  }
+  sync_path(tmp);
+  fs::rename(tmp, path);
+  sync_path(fs::path(path).parent_path().string());
+}
+
+MPX_DECL nlohmann::json to_json(const FileSum& f)
+{
+  nlohmann::json j = {{"bytes", f.bytes}, {"xxh3", f.xxh3}, {"tensors", f.tensors}};
+  if (f.global_names) j["global_names"] = true;
+  for (auto& [name, sp] : f.splits) {
+    j["splits"][name] = {{"dim", sp.dim}, {"parts", sp.parts}};
+    if (sp.shared()) j["splits"][name]["shares"] = sp.shares;
+  }
+  return j;
+}
+
+MPX_DECL FileSum from_json(const nlohmann::json& e)
+{
+  FileSum f;
+  f.bytes = e.at("bytes").get<std::uintmax_t>(), f.xxh3 = e.at("xxh3").get<std::string>();
+  f.tensors = e.value("tensors", std::vector<std::string>{}), f.global_names = e.value("global_names", false);
+  if (e.contains("splits"))
+    for (auto& [name, sp] : e.at("splits").items()) {
+      tp::Split s{name, sp.at("dim").get<int64_t>(), sp.at("parts").get<std::vector<int64_t>>(),
+                  sp.value("shares", std::vector<int64_t>{})};
+      auto positive = [](const std::vector<int64_t>& v) { return std::all_of(v.begin(), v.end(), [](int64_t p) { return p > 0; }); };
+      if (s.dim < 0 || s.dim > 16 || !positive(s.parts) || !positive(s.shares) ||
+          (!s.shares.empty() && s.shares.size() != std::max<std::size_t>(s.parts.size(), 1)))
+        throw std::invalid_argument("the split of " + name + " is not a dimension, positive part sizes and positive shares, one per part");
+      f.splits[name] = std::move(s);
+    }
+  return f;
+}
+
+MPX_DECL FileSum sum_file(const std::string& path, bool checksum)
+{
+  FileSum out;
+  out.bytes = fs::file_size(path);
+  if (!checksum) return out;
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw config_error("mpx: cannot read " + path + ": " + std::strerror(errno));
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  std::vector<char> buf(std::size_t(1) << 20);
+  for (ssize_t n; (n = ::read(fd, buf.data(), buf.size())) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd), XXH3_freeState(st);
+      throw config_error("mpx: cannot read " + path + ": " + std::strerror(errno));
+    }
+    XXH3_64bits_update(st, buf.data(), std::size_t(n));
+  }
+  ::close(fd);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits_digest(st)));
+  XXH3_freeState(st);
+  out.xxh3 = hex;
+  return out;
+}
+
+MPX_DECL std::vector<std::string> complete_checkpoints(const std::string& root)
+{
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(root, ec))
+    if (e.is_directory() && is_step_dir_name(e.path().filename().string()) && fs::exists(e.path() / "manifest.json"))
+      out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+MPX_DECL std::string other_checkpoints(const std::string& root, const std::string& dir)
+{
+  std::string list;
+  for (auto& c : complete_checkpoints(root))
+    if ((fs::path(root) / c).string() != dir) list += (list.empty() ? "" : ", ") + (fs::path(root) / c).string();
+  return list.empty() ? "; no other complete checkpoint is kept under " + root
+                      : "; resume from another complete checkpoint by passing its directory: " + list;
+}
+
+MPX_DECL std::map<std::string, at::Tensor> trainable_of(const std::map<std::string, at::Tensor>& tensors)
+{
+  std::map<std::string, at::Tensor> out;
+  for (auto& [k, t] : tensors)
+    if (t.requires_grad()) out[k] = t;
+  return out;
+}
+
+MPX_DECL std::vector<StageSlot> local_slots(const std::vector<LocalPart>& parts)
 {
   std::vector<StageSlot> out;
   for (std::size_t i = 0; i < parts.size(); ++i) {
@@ -278,9 +478,7 @@ inline std::vector<StageSlot> local_slots(const std::vector<LocalPart>& parts)
   return out;
 }
 
-/// This rank's files of a save, written into `dir`: replica 0's stages (tensors, optimizer state) and every
-/// rank's random generator. Returns them with their sums and tensor names.
-inline std::map<std::string, FileSum> write_rank_files(World& w, const std::string& dir, const std::vector<StageSlot>& slots, long step,
+MPX_DECL std::map<std::string, FileSum> write_rank_files(World& w, const std::string& dir, const std::vector<StageSlot>& slots, long step,
                                                        bool checksums)
 {
   std::map<std::string, FileSum> out;
@@ -313,8 +511,7 @@ inline std::map<std::string, FileSum> write_rank_files(World& w, const std::stri
   return out;
 }
 
-/// Every rank's files, gathered on rank 0 through the store (rank 0 calls it after the others published).
-inline std::map<std::string, FileSum> gather_sums(World& w, const std::string& key)
+MPX_DECL std::map<std::string, FileSum> gather_sums(World& w, const std::string& key)
 {
   std::map<std::string, FileSum> all;
   for (int r = 0; r < w.env.world_size; ++r) {
@@ -325,10 +522,7 @@ inline std::map<std::string, FileSum> gather_sums(World& w, const std::string& k
   return all;
 }
 
-/// Removes all but the newest `keep` complete checkpoints up to `newest` (the one just saved), and older
-/// leftovers of interrupted saves. Checkpoints of later steps (an earlier, longer run into the same root)
-/// are left alone: only `latest` says which one is current.
-inline void prune_checkpoints(const std::string& root, int keep, const std::string& newest)
+MPX_DECL void prune_checkpoints(const std::string& root, int keep, const std::string& newest)
 {
   auto complete = complete_checkpoints(root);
   std::erase_if(complete, [&](const std::string& c) { return c > newest; });
@@ -339,12 +533,8 @@ inline void prune_checkpoints(const std::string& root, int keep, const std::stri
     if (n.size() > 8 && n.ends_with(".partial") && n.substr(0, n.size() - 8) < newest) fs::remove_all(e.path());
   }
 }
-}  // namespace detail
 
-namespace detail
-{
-/// A save (see the file comment) of `slots`, this rank's stages of a model identified by `fingerprint`.
-inline void save_checkpoint(World& w, const std::string& root, const std::vector<StageSlot>& slots, const std::string& fingerprint,
+MPX_DECL void save_checkpoint(World& w, const std::string& root, const std::vector<StageSlot>& slots, const std::string& fingerprint,
                             int num_stages, const TrainingState& t, const CheckpointOptions& co)
 {
   static long saves = 0;  // every rank saves in the same order: the store keys of a save are never reused
@@ -390,20 +580,8 @@ inline void save_checkpoint(World& w, const std::string& root, const std::vector
   }
   barrier(w, "save: done");
 }
-}  // namespace detail
 
-/// Saves the training state as a new checkpoint under `root` (see the file comment). Every rank calls it.
-template <PipelineType P>
-void save_training_state(World& w, const std::string& root, StageSet<P>& stages, StageOptimizers& optimizers, const TrainingState& t,
-                         const CheckpointOptions& co = {})
-{
-  detail::save_checkpoint(w, root, detail::slots_of(stages, optimizers), std::to_string(fingerprint_v<P>), P::num_stages, t, co);
-}
-
-namespace detail
-{
-/// The checkpoint directory `path` names: itself when it holds a manifest, else the one `path/latest` names.
-inline std::string locate_checkpoint(const std::string& path)
+MPX_DECL std::string locate_checkpoint(const std::string& path)
 {
   if (fs::exists(path + "/manifest.json")) return path;
   const std::string latest = path + "/latest";
@@ -427,17 +605,7 @@ inline std::string locate_checkpoint(const std::string& path)
   throw config_error("mpx: " + latest + " names " + name + ", which is not a complete checkpoint" + other_checkpoints(path, dir));
 }
 
-struct Manifest
-{
-  std::string dir, root, fingerprint;
-  long step = 0;
-  int world_size = 0;
-  bool checksums = true;
-  std::map<std::string, FileSum> files;
-};
-
-/// Reads and checks `dir`'s manifest (the pipeline's fingerprint is compared by the caller).
-inline Manifest read_manifest(const std::string& dir)
+MPX_DECL Manifest read_manifest(const std::string& dir)
 {
   Manifest m;
   m.dir = dir;
@@ -463,8 +631,7 @@ inline Manifest read_manifest(const std::string& dir)
   return m;
 }
 
-/// Checks that `name` is in the manifest and on disk as the save left it; returns its path.
-inline std::string verified(const Manifest& m, const std::string& name, const CheckpointOptions& co)
+MPX_DECL std::string verified(const Manifest& m, const std::string& name, const CheckpointOptions& co)
 {
   const std::string f = m.dir + "/" + name;
   auto bad = [&](const std::string& why) { return config_error("mpx: " + f + " " + why + other_checkpoints(m.root, m.dir)); };
@@ -488,15 +655,7 @@ inline std::string verified(const Manifest& m, const std::string& name, const Ch
   return f;
 }
 
-/// A stage file's name taken apart: its stage, and its tensor-parallel shard ("" or ".tp<k>of<N>", the part
-/// between the stage number and `tail`, ".safetensors" or ".optimizer.safetensors"), with k and N.
-struct StageFileName
-{
-  int stage = 0;
-  std::string shard;
-  int tp_rank = 0, tp_size = 1;
-};
-inline std::optional<StageFileName> parse_stage_file(const std::string& name, const std::string& tail)
+MPX_DECL std::optional<StageFileName> parse_stage_file(const std::string& name, const std::string& tail)
 {
   if (name.rfind("stage", 0) != 0 || !name.ends_with(tail) || name.size() <= 5 + tail.size()) return std::nullopt;
   std::size_t i = 5;
@@ -513,88 +672,69 @@ inline std::optional<StageFileName> parse_stage_file(const std::string& name, co
   return out;
 }
 
-/// The checkpoint's stage files read by tensor name, for one rank: which file holds a tensor of this
-/// rank's shard (`shard`), which files hold it cut at another tensor-parallel degree, and the files read so
-/// far (verified once, kept).
-class CheckpointReader
+MPX_DECL CheckpointReader::CheckpointReader(const Manifest& m, std::string shard, const CheckpointOptions& co, const std::string& tail)
+    : m_(m), shard_(std::move(shard)), co_(co)
 {
- public:
-  CheckpointReader(const Manifest& m, std::string shard, const CheckpointOptions& co, const std::string& tail)
-      : m_(m), shard_(std::move(shard)), co_(co)
-  {
-    for (auto& [file, sum] : m.files) {
-      const auto sf = parse_stage_file(file, tail);
-      if (!sf) continue;
-      for (auto& t : sum.tensors) {
-        if (sf->shard == shard_) here_[t] = file;
-        everywhere_[t].push_back({file, *sf});
-      }
+  for (auto& [file, sum] : m.files) {
+    const auto sf = parse_stage_file(file, tail);
+    if (!sf) continue;
+    for (auto& t : sum.tensors) {
+      if (sf->shard == shard_) here_[t] = file;
+      everywhere_[t].push_back({file, *sf});
     }
   }
-  /// The file that holds `name` for this rank's shard, or "".
-  std::string file_of(const std::string& name) const
-  {
-    auto it = here_.find(name);
-    return it == here_.end() ? std::string() : it->second;
-  }
-  /// The files that hold `name` at one tensor-parallel degree, one per shard in rank order (the smallest
-  /// degree with every shard; within stage `stage` only, when it is not -1); empty when there are none.
-  std::vector<std::string> pieces(const std::string& name, int stage = -1) const
-  {
-    auto it = everywhere_.find(name);
-    if (it == everywhere_.end()) return {};
-    std::map<int, std::map<int, std::string>> by_degree;
-    for (auto& [file, sf] : it->second)
-      if (stage < 0 || sf.stage == stage) by_degree[sf.tp_size][sf.tp_rank] = file;
-    for (auto& [n, files] : by_degree)
-      if (int(files.size()) == n) {
-        std::vector<std::string> out;
-        for (auto& [k, f] : files) out.push_back(f);
-        return out;
-      }
-    return {};
-  }
-  /// Tensor `name` of `file` (verified and read on first use).
-  at::Tensor get(const std::string& file, const std::string& name)
-  {
-    auto it = open_.find(file);
-    if (it == open_.end()) {
-      const std::string f = verified(m_, file, co_);
-      Safetensors st;
-      try {
-        st = load_safetensors(f);
-      } catch (const config_error& e) {  // damage the checksums did not catch (they are off): the reader's words
-        throw config_error(e.what() + other_checkpoints(m_.root, m_.dir));
-      }
-      if (st.metadata["step"] != std::to_string(m_.step))
-        throw config_error("mpx: " + f + ": saved at step " + st.metadata["step"] + ", the manifest is of step " + std::to_string(m_.step) +
-                           " (a file of another checkpoint)" + other_checkpoints(m_.root, m_.dir));
-      it = open_.emplace(file, std::move(st)).first;
+}
+
+MPX_DECL std::string CheckpointReader::file_of(const std::string& name) const
+{
+  auto it = here_.find(name);
+  return it == here_.end() ? std::string() : it->second;
+}
+
+MPX_DECL std::vector<std::string> CheckpointReader::pieces(const std::string& name, int stage) const
+{
+  auto it = everywhere_.find(name);
+  if (it == everywhere_.end()) return {};
+  std::map<int, std::map<int, std::string>> by_degree;
+  for (auto& [file, sf] : it->second)
+    if (stage < 0 || sf.stage == stage) by_degree[sf.tp_size][sf.tp_rank] = file;
+  for (auto& [n, files] : by_degree)
+    if (int(files.size()) == n) {
+      std::vector<std::string> out;
+      for (auto& [k, f] : files) out.push_back(f);
+      return out;
     }
-    auto t = it->second.tensors.find(name);
-    return t == it->second.tensors.end() ? at::Tensor() : t->second;
+  return {};
+}
+
+MPX_DECL at::Tensor CheckpointReader::get(const std::string& file, const std::string& name)
+{
+  auto it = open_.find(file);
+  if (it == open_.end()) {
+    const std::string f = verified(m_, file, co_);
+    Safetensors st;
+    try {
+      st = load_safetensors(f);
+    } catch (const config_error& e) {  // damage the checksums did not catch (they are off): the reader's words
+      throw config_error(e.what() + other_checkpoints(m_.root, m_.dir));
+    }
+    if (st.metadata["step"] != std::to_string(m_.step))
+      throw config_error("mpx: " + f + ": saved at step " + st.metadata["step"] + ", the manifest is of step " + std::to_string(m_.step) +
+                         " (a file of another checkpoint)" + other_checkpoints(m_.root, m_.dir));
+    it = open_.emplace(file, std::move(st)).first;
   }
-  /// Every tensor name the checkpoint holds in these files (any shard).
-  std::vector<std::string> all_names() const
-  {
-    std::vector<std::string> out;
-    for (auto& [n, f] : everywhere_) out.push_back(n);
-    return out;
-  }
+  auto t = it->second.tensors.find(name);
+  return t == it->second.tensors.end() ? at::Tensor() : t->second;
+}
 
- private:
-  const Manifest& m_;
-  std::string shard_;
-  CheckpointOptions co_;
-  std::map<std::string, std::string> here_;
-  std::map<std::string, std::vector<std::pair<std::string, StageFileName>>> everywhere_;
-  std::map<std::string, Safetensors> open_;
-};
+MPX_DECL std::vector<std::string> CheckpointReader::all_names() const
+{
+  std::vector<std::string> out;
+  for (auto& [n, f] : everywhere_) out.push_back(n);
+  return out;
+}
 
-inline bool is_buffer_name(const std::string& k) { return k.rfind("buffer.", 0) == 0; }
-
-/// How parameter `param` was cut in the files `pieces` (null: whole in each).
-inline const tp::Split* saved_split(const Manifest& m, const std::vector<std::string>& pieces, const std::string& param)
+MPX_DECL const tp::Split* saved_split(const Manifest& m, const std::vector<std::string>& pieces, const std::string& param)
 {
   if (pieces.size() < 2) return nullptr;
   const auto f = m.files.find(pieces[0]);
@@ -602,26 +742,20 @@ inline const tp::Split* saved_split(const Manifest& m, const std::vector<std::st
   const auto it = f->second.splits.find(param);
   return it == f->second.splits.end() ? nullptr : &it->second;
 }
-inline const tp::Split* split_of(const std::map<std::string, tp::Split>& splits, const std::string& param)
+
+MPX_DECL const tp::Split* split_of(const std::map<std::string, tp::Split>& splits, const std::string& param)
 {
   const auto it = splits.find(param);
   return it == splits.end() ? nullptr : &it->second;
 }
 
-/// A tensor cut at another tensor-parallel degree, re-cut for shard `rank` of `size`: the saved shards
-/// `pieces` joined under `saved` (when it was split; a tensor without a split dimension, a step count, is
-/// whole in each), then this shard cut under `mine` (when it is split here).
-inline at::Tensor recut(const std::vector<at::Tensor>& pieces, const tp::Split* saved, const tp::Split* mine, int rank, int size)
+MPX_DECL at::Tensor recut(const std::vector<at::Tensor>& pieces, const tp::Split* saved, const tp::Split* mine, int rank, int size)
 {
   const at::Tensor full = saved && pieces.at(0).dim() > saved->dim ? tp::join(pieces, *saved) : pieces.at(0);
   return mine && full.dim() > mine->dim ? tp::shard(full, *mine, rank, size) : full;
 }
 
-/// Stage `slot`'s tensor `k` from the checkpoint: from this rank's own shard when it is there, else re-cut
-/// from the shards of another tensor-parallel degree (a globally named parameter from any stage; a buffer,
-/// or a parameter named within its stage, from the same stage only: names repeat across stages, and another
-/// stage's tensor of the same name and shape must never be taken silently). Undefined when absent.
-inline at::Tensor find_tensor(const Manifest& m, CheckpointReader& rd, const StageSlot& slot, const std::string& k, std::string& from)
+MPX_DECL at::Tensor find_tensor(const Manifest& m, CheckpointReader& rd, const StageSlot& slot, const std::string& k, std::string& from)
 {
   const bool anywhere = slot.global_names && !is_buffer_name(k);
   const std::string own = stage_file(slot.stage, slot.shard, ".safetensors");
@@ -634,9 +768,7 @@ inline at::Tensor find_tensor(const Manifest& m, CheckpointReader& rd, const Sta
   return recut(ps, saved_split(m, files, k), split_of(slot.splits, k), slot.tp_rank, slot.tp_size);
 }
 
-/// Optimizer state `k` = "<parameter>/<field>" of stage `slot` (see `find_tensor`); 8-bit moments cut
-/// another way move as the fp32 moments they hold (`m`, `v`), re-quantized by the optimizer.
-inline at::Tensor find_moment(const Manifest& m, CheckpointReader& moments, CheckpointReader& tensors, const StageSlot& slot, const std::string& k)
+MPX_DECL at::Tensor find_moment(const Manifest& m, CheckpointReader& moments, CheckpointReader& tensors, const StageSlot& slot, const std::string& k)
 {
   const std::string own = stage_file(slot.stage, slot.shard, ".optimizer.safetensors");
   if (const std::string f = moments.file_of(k); !f.empty() && (slot.global_names || f == own)) return moments.get(f, k);
@@ -661,8 +793,7 @@ inline at::Tensor find_moment(const Manifest& m, CheckpointReader& moments, Chec
   return recut(ps, saved_split(m, files, param), split_of(slot.splits, param), slot.tp_rank, slot.tp_size);
 }
 
-/// " a b c" — at most 12 names, then how many more.
-inline std::string name_list(const std::vector<std::string>& names)
+MPX_DECL std::string name_list(const std::vector<std::string>& names)
 {
   std::string out;
   for (std::size_t i = 0; i < names.size() && i < 12; ++i) out += " " + names[i];
@@ -670,9 +801,7 @@ inline std::string name_list(const std::vector<std::string>& names)
   return out;
 }
 
-/// Copies a stage's tensors from the checkpoint by name, after checking they are exactly the model's; the
-/// names it took go into `taken`.
-inline void load_stage_tensors(const Manifest& m, CheckpointReader& rd, const StageSlot& slot, const CheckpointOptions& co,
+MPX_DECL void load_stage_tensors(const Manifest& m, CheckpointReader& rd, const StageSlot& slot, const CheckpointOptions& co,
                                std::vector<std::string>& taken)
 {
   std::vector<std::string> missing, shapes, dtypes;
@@ -714,10 +843,7 @@ inline void load_stage_tensors(const Manifest& m, CheckpointReader& rd, const St
   for (auto& [k, t] : slot.tensors) t.copy_(found.at(k)), taken.push_back(k);
 }
 
-/// This rank's part of a load (see `load_training_state`): its stages' tensors and optimizer states by
-/// name, its random generator, and the trainer's state. `taken` and `saved`: the stage tensor names it
-/// took, and all the checkpoint holds (for the agreement).
-inline TrainingState load_rank_state(World& w, const Manifest& m, const std::vector<StageSlot>& slots, const std::string& fingerprint,
+MPX_DECL TrainingState load_rank_state(World& w, const Manifest& m, const std::vector<StageSlot>& slots, const std::string& fingerprint,
                                      TrainingState current, const CheckpointOptions& co, std::vector<std::string>& taken,
                                      std::vector<std::string>& saved)
 {
@@ -770,10 +896,7 @@ inline TrainingState load_rank_state(World& w, const Manifest& m, const std::vec
   return current;
 }
 
-/// The load's verdict, agreed by every rank through the store: each rank publishes its error or the tensor
-/// names it took; rank 0 adds the checkpoint's tensors no rank took and publishes the first error; every
-/// rank reads it and throws it (rank 0 only once the others have read it: it hosts the store).
-inline void agree_on_load(World& w, const std::string& key, const std::string& mine, const std::vector<std::string>& taken,
+MPX_DECL void agree_on_load(World& w, const std::string& key, const std::string& mine, const std::vector<std::string>& taken,
                           const std::vector<std::string>& saved, const Manifest& m)
 {
   auto bytes = [](const std::string& x) { return std::vector<uint8_t>(x.begin(), x.end()); };
@@ -805,12 +928,8 @@ inline void agree_on_load(World& w, const std::string& key, const std::string& m
     for (int r = 1; r < w.env.world_size; ++r) w.store->wait({key + "read/" + std::to_string(r)}, w.timeout);
   throw config_error(verdict);
 }
-}  // namespace detail
 
-namespace detail
-{
-/// A load (see `load_training_state`) into `slots`, this rank's stages of a model identified by `fingerprint`.
-inline TrainingState load_checkpoint(World& w, const std::string& path, const std::vector<StageSlot>& slots, const std::string& fingerprint,
+MPX_DECL TrainingState load_checkpoint(World& w, const std::string& path, const std::vector<StageSlot>& slots, const std::string& fingerprint,
                                      TrainingState current, const CheckpointOptions& co)
 {
   static long loads = 0;  // every rank loads in the same order: the store keys of a load are never reused
@@ -830,48 +949,33 @@ inline TrainingState load_checkpoint(World& w, const std::string& path, const st
   return current;
 }
 
-/// A world of one process without a launcher (a one-process model's checkpoints): its own store, no group.
-inline World local_world()
+MPX_DECL World local_world()
 {
   World w;
   w.store = c10::make_intrusive<c10d::HashStore>();
   return w;
 }
-}  // namespace detail
 
-/// Restores the checkpoint `path` names (see the file comment) into this rank's stages, optimizers and
-/// random generator, and returns the trainer's state (`current` supplies what the file does not record).
-/// A collective: every rank calls it.
-template <PipelineType P>
-TrainingState load_training_state(World& w, const std::string& path, StageSet<P>& stages, StageOptimizers& optimizers, TrainingState current,
-                                  const CheckpointOptions& co = {})
+}  // namespace mpx::detail
+
+namespace mpx
 {
-  return detail::load_checkpoint(w, path, detail::slots_of(stages, optimizers), std::to_string(fingerprint_v<P>), current, co);
-}
 
-/// Saves a model trained in one process (plain LibTorch, no pipeline) as a checkpoint under `root`, in
-/// the same format: part i is written as stage i would be, so the checkpoint resumes in any pipeline
-/// whose stages name their parameters globally, and `load_local_checkpoint` takes any such pipeline's.
-inline void save_local_checkpoint(const std::string& root, const std::vector<LocalPart>& parts, const TrainingState& t,
-                                  const CheckpointOptions& co = {})
+MPX_DECL void save_local_checkpoint(const std::string& root, const std::vector<LocalPart>& parts, const TrainingState& t,
+                                  const CheckpointOptions& co)
 {
   auto w = detail::local_world();
   detail::save_checkpoint(w, root, detail::local_slots(parts), "one-process", int(parts.size()), t, co);
 }
 
-/// Restores the checkpoint `path` names into a model trained in one process (see `save_local_checkpoint`):
-/// tensors found by global name in whatever stage, degree or replica saved them, optimizer state with them.
-inline TrainingState load_local_checkpoint(const std::string& path, const std::vector<LocalPart>& parts, TrainingState current = {},
-                                           const CheckpointOptions& co = {})
+MPX_DECL TrainingState load_local_checkpoint(const std::string& path, const std::vector<LocalPart>& parts, TrainingState current,
+                                           const CheckpointOptions& co)
 {
   auto w = detail::local_world();
   return detail::load_checkpoint(w, path, detail::local_slots(parts), "one-process", current, co);
 }
 
-/// The whole weights of the checkpoint `path` names, by global name (tensor-parallel shards joined; the
-/// tensors of a stage that names them within itself, and buffers, as "stage<I>/<name>"): what
-/// `export_checkpoint_weights` writes.
-inline std::map<std::string, at::Tensor> consolidated_weights(const detail::Manifest& m, const CheckpointOptions& co = {})
+MPX_DECL std::map<std::string, at::Tensor> consolidated_weights(const detail::Manifest& m, const CheckpointOptions& co)
 {
   detail::CheckpointReader rd(m, "", co, ".safetensors");
   std::map<std::string, at::Tensor> out;
@@ -890,17 +994,17 @@ inline std::map<std::string, at::Tensor> consolidated_weights(const detail::Mani
   }
   return out;
 }
-inline std::map<std::string, at::Tensor> consolidated_weights(const std::string& path, const CheckpointOptions& co = {})
+
+MPX_DECL std::map<std::string, at::Tensor> consolidated_weights(const std::string& path, const CheckpointOptions& co)
 {
   return consolidated_weights(detail::read_manifest(detail::locate_checkpoint(path)), co);
 }
 
-/// Writes the checkpoint's whole weights (`consolidated_weights`) as one safetensors file `out`, which
-/// LibTorch, Python's safetensors or a few lines of Python read (docs/08).
-inline void export_checkpoint_weights(const std::string& path, const std::string& out, const CheckpointOptions& co = {})
+MPX_DECL void export_checkpoint_weights(const std::string& path, const std::string& out, const CheckpointOptions& co)
 {
   const auto m = detail::read_manifest(detail::locate_checkpoint(path));
   save_safetensors(out, consolidated_weights(m, co), {{"format", "pt"}, {"step", std::to_string(m.step)}});
 }
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

@@ -11,9 +11,10 @@
 #include <mpx/runtime/options.hpp>  // mpx::StepStats
 #include <mpx/runtime/world.hpp>    // mpx::World
 
-#include <nlohmann/json.hpp>  // nlohmann::json
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
-#include <fstream>   // std::ofstream
+#include <nlohmann/json_fwd.hpp>  // nlohmann::json
+
 #include <ostream>   // std::ostream
 #include <string>    // std::string
 #include <vector>    // std::vector
@@ -45,54 +46,12 @@ class TraceRecorder
   const std::vector<Mark>& marks() const { return marks_; }
 
   /// This rank's events as Chrome trace events.
-  nlohmann::json to_json(int rank, int replica) const
-  {
-    nlohmann::json mine = nlohmann::json::array();
-    for (auto& e : events_) {
-      const std::string name = std::string(op_name(e.a.op)) + std::to_string(e.a.mb);
-      auto event = [&](std::string n, const char* cat, long ts, long dur) {
-        mine.push_back({{"name", std::move(n)}, {"cat", cat}, {"ph", "X"}, {"ts", ts}, {"dur", dur}, {"pid", replica},
-                        {"tid", rank}, {"args", {{"stage", e.a.stage}, {"mb", e.a.mb}}}});
-      };
-      if (e.wait > 0) event("wait " + name, "wait", e.ts, e.wait);  // the action's wait for its data, then its work
-      event(name, is_compute(e.a.op) ? "compute" : "comm", e.ts + e.wait, e.dur - e.wait);
-    }
-    for (auto& k : marks_) {
-      nlohmann::json ev = {{"name", k.name}, {"cat", "reduce"}, {"ts", k.ts}, {"pid", replica}, {"tid", rank}};
-      if (k.dur > 0) ev["ph"] = "X", ev["dur"] = k.dur;
-      else ev["ph"] = "i", ev["s"] = "t";
-      mine.push_back(std::move(ev));
-    }
-    return mine;
-  }
+  nlohmann::json to_json(int rank, int replica) const;
 
   /// A collective over the world: every rank publishes its events of step `step` (0-based) and measured
   /// bubble (from `last`); rank 0 writes them all to `path`, prints the mean measured bubble against the
   /// expected one and returns it (other ranks: their own).
-  double write(World& w, const std::string& path, long step, const StepStats& last, const TraceLabel& label, std::ostream& log) const
-  {
-    const std::string key = "mpx/trace/" + std::to_string(step) + "/" + std::to_string(w.env.rank);
-    const std::string text = nlohmann::json{{"events", to_json(w.env.rank, w.replica)}, {"bubble", last.bubble()}}.dump();
-    w.store->set(key, std::vector<uint8_t>(text.begin(), text.end()));
-    if (w.env.rank != 0) return last.bubble();
-    nlohmann::json all = {{"traceEvents", nlohmann::json::array()}, {"displayTimeUnit", "ms"}};
-    double bubble = 0;
-    for (int r = 0; r < w.env.world_size; ++r) {
-      const std::string k = "mpx/trace/" + std::to_string(step) + "/" + std::to_string(r);
-      w.store->wait({k}, w.timeout);
-      auto bytes = w.store->get(k);
-      auto got = nlohmann::json::parse(std::string(bytes.begin(), bytes.end()));
-      bubble += got["bubble"].template get<double>() / w.env.world_size;
-      for (auto& ev : got["events"]) all["traceEvents"].push_back(ev);
-      all["traceEvents"].push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r / w.ranks_per_replica}, {"tid", r},
-                                    {"args", {{"name", "rank " + std::to_string(r) + " (slot " + std::to_string(w.slot_of(r)) + ")"}}}});
-    }
-    std::ofstream(path) << all.dump(1);
-    log << "mpx: bubble of step " << step << ": measured " << int(bubble * 1000 + 0.5) / 10.0 << "% (mean over ranks), "
-        << "expected " << int(label.expected_bubble * 1000 + 0.5) / 10.0 << "% (" << label.schedule << ", p = " << label.slots
-        << ", m = " << label.microbatches << "); trace: " << path << "\n";
-    return bubble;
-  }
+  double write(World& w, const std::string& path, long step, const StepStats& last, const TraceLabel& label, std::ostream& log) const;
 
  private:
   std::vector<Event> events_;
@@ -100,3 +59,60 @@ class TraceRecorder
 };
 
 }  // namespace mpx
+
+#if MPX_DEFINITIONS
+#include <nlohmann/json.hpp>  // nlohmann::json
+
+#include <fstream>  // std::ofstream
+
+namespace mpx
+{
+
+MPX_DECL nlohmann::json TraceRecorder::to_json(int rank, int replica) const
+{
+  nlohmann::json mine = nlohmann::json::array();
+  for (auto& e : events_) {
+    const std::string name = std::string(op_name(e.a.op)) + std::to_string(e.a.mb);
+    auto event = [&](std::string n, const char* cat, long ts, long dur) {
+      mine.push_back({{"name", std::move(n)}, {"cat", cat}, {"ph", "X"}, {"ts", ts}, {"dur", dur}, {"pid", replica},
+                      {"tid", rank}, {"args", {{"stage", e.a.stage}, {"mb", e.a.mb}}}});
+    };
+    if (e.wait > 0) event("wait " + name, "wait", e.ts, e.wait);  // the action's wait for its data, then its work
+    event(name, is_compute(e.a.op) ? "compute" : "comm", e.ts + e.wait, e.dur - e.wait);
+  }
+  for (auto& k : marks_) {
+    nlohmann::json ev = {{"name", k.name}, {"cat", "reduce"}, {"ts", k.ts}, {"pid", replica}, {"tid", rank}};
+    if (k.dur > 0) ev["ph"] = "X", ev["dur"] = k.dur;
+    else ev["ph"] = "i", ev["s"] = "t";
+    mine.push_back(std::move(ev));
+  }
+  return mine;
+}
+
+MPX_DECL double TraceRecorder::write(World& w, const std::string& path, long step, const StepStats& last, const TraceLabel& label, std::ostream& log) const
+{
+  const std::string key = "mpx/trace/" + std::to_string(step) + "/" + std::to_string(w.env.rank);
+  const std::string text = nlohmann::json{{"events", to_json(w.env.rank, w.replica)}, {"bubble", last.bubble()}}.dump();
+  w.store->set(key, std::vector<uint8_t>(text.begin(), text.end()));
+  if (w.env.rank != 0) return last.bubble();
+  nlohmann::json all = {{"traceEvents", nlohmann::json::array()}, {"displayTimeUnit", "ms"}};
+  double bubble = 0;
+  for (int r = 0; r < w.env.world_size; ++r) {
+    const std::string k = "mpx/trace/" + std::to_string(step) + "/" + std::to_string(r);
+    w.store->wait({k}, w.timeout);
+    auto bytes = w.store->get(k);
+    auto got = nlohmann::json::parse(std::string(bytes.begin(), bytes.end()));
+    bubble += got["bubble"].template get<double>() / w.env.world_size;
+    for (auto& ev : got["events"]) all["traceEvents"].push_back(ev);
+    all["traceEvents"].push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r / w.ranks_per_replica}, {"tid", r},
+                                  {"args", {{"name", "rank " + std::to_string(r) + " (slot " + std::to_string(w.slot_of(r)) + ")"}}}});
+  }
+  std::ofstream(path) << all.dump(1);
+  log << "mpx: bubble of step " << step << ": measured " << int(bubble * 1000 + 0.5) / 10.0 << "% (mean over ranks), "
+      << "expected " << int(label.expected_bubble * 1000 + 0.5) / 10.0 << "% (" << label.schedule << ", p = " << label.slots
+      << ", m = " << label.microbatches << "); trace: " << path << "\n";
+  return bubble;
+}
+
+}  // namespace mpx
+#endif  // MPX_DEFINITIONS

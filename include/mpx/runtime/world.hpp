@@ -29,22 +29,15 @@
 #include <mpx/torch/version.hpp>    // MPX_TORCH_AT_LEAST
 #include <mpx/tp/group.hpp>          // mpx::tp::Group
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>       // c10d::PrefixStore
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // c10d::ProcessGroupGloo
-#include <torch/cuda.h>                                       // torch::cuda::device_count
-#include <torch/torch.h>                                      // torch::Device, torch::full
-#if defined(USE_C10D_NCCL)
-#include <c10/cuda/CUDAFunctions.h>                          // c10::cuda::set_device
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>  // c10d::ProcessGroupNCCL
-#endif
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+
+#include <torch/torch.h>  // torch::Device, torch::full
 
 #include <chrono>    // std::chrono::milliseconds
 #include <cstdlib>   // std::getenv
 #include <iostream>  // std::cerr
-#include <sstream>   // std::ostringstream
 #include <string>    // std::string
 #include <vector>    // std::vector
-
 
 namespace mpx
 {
@@ -94,7 +87,59 @@ struct World
 
 /// Waits until every rank of the world has arrived (with the run's timeout); `what` names the place in the
 /// error a missing peer causes.
-inline void barrier(World& w, const std::string& what)
+MPX_DECL void barrier(World& w, const std::string& what);
+
+namespace detail
+{
+/// What `make_world` needs of the pipeline type, as values (the rest of it is compiled once).
+struct WorldShape
+{
+  int slots = 1, ranks_per_replica = 1, lanes = 1;
+  std::vector<int> degree, first_rank;  ///< per slot
+  std::vector<int> stage_slot;          ///< per stage: its slot
+  std::vector<bool> stage_cuda;         ///< per stage: declared on a GPU
+  std::int64_t fingerprint = 0;         ///< fingerprint_v<P>
+};
+
+/// `make_world` of a pipeline described by `shape` (see the file comment).
+MPX_DECL World make_world(const Env& env, const WorldOptions& opt, const WorldShape& shape);
+}  // namespace detail
+
+/// Checks the job against pipeline P and builds its groups (see the file comment).
+template <PipelineType P>
+World make_world(const Env& env, const WorldOptions& opt = {})
+{
+  detail::WorldShape shape;
+  shape.slots = P::num_slots;
+  shape.ranks_per_replica = P::ranks_per_replica;
+  shape.lanes = P::num_lanes;
+  shape.degree.assign(P::tp_degree.begin(), P::tp_degree.end());
+  shape.first_rank.assign(P::first_rank.begin(), P::first_rank.end());
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((shape.stage_slot.push_back(P::slots[I]), shape.stage_cuda.push_back(P::template stage<int(I)>::kind == DeviceKind::cuda)), ...);
+  }(std::make_index_sequence<std::size_t(P::num_stages)>{});
+  shape.fingerprint = static_cast<std::int64_t>(fingerprint_v<P>);
+  return detail::make_world(env, opt, shape);
+}
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>       // c10d::PrefixStore
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // c10d::ProcessGroupGloo
+#include <torch/cuda.h>                                       // torch::cuda::device_count
+#if defined(USE_C10D_NCCL)
+#include <c10/cuda/CUDAFunctions.h>                          // c10::cuda::set_device
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>  // c10d::ProcessGroupNCCL
+#endif
+
+#include <sstream>  // std::ostringstream
+
+namespace mpx
+{
+
+MPX_DECL void barrier(World& w, const std::string& what)
 {
   if (!w.world && w.env.world_size == 1) return;  // a world of one without groups (state_io's one-process checkpoints)
   std::vector<at::Tensor> v{torch::zeros({1})};
@@ -155,20 +200,17 @@ inline ProcessGroupPtr make_group(World& w, bool nccl, const std::string& prefix
 /// lanes in increasing j, then tensor-parallel, then data-parallel. NCCL carries a group only when all its
 /// members compute on CUDA: the lanes when every stage is a GPU stage, the others when this slot's are;
 /// otherwise Gloo (tensors staged through CPU).
-template <PipelineType P>
-void make_mesh_groups(World& w, const GlooEndpoint& host, std::chrono::milliseconds timeout)
+inline void make_mesh_groups(World& w, const WorldShape& shape, const GlooEndpoint& host, std::chrono::milliseconds timeout)
 {
   bool all_gpu = true;
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    ((all_gpu = all_gpu && P::template stage<int(I)>::kind == DeviceKind::cuda), ...);
-  }(std::make_index_sequence<std::size_t(P::num_stages)>{});
+  for (bool c : shape.stage_cuda) all_gpu = all_gpu && c;
   const bool cuda = w.device.is_cuda();
 #if defined(USE_C10D_NCCL)
   if (cuda) c10::cuda::set_device(w.device.index());
 #endif
   const std::string rep = std::to_string(w.replica), slot = std::to_string(w.slot);
-  w.lanes.assign(std::size_t(P::num_lanes), ProcessGroupPtr());
-  for (int j = 0; j < P::num_lanes; ++j)
+  w.lanes.assign(std::size_t(shape.lanes), ProcessGroupPtr());
+  for (int j = 0; j < shape.lanes; ++j)
     if (w.in_lane(j))
       w.lanes[std::size_t(j)] = make_group(w, cuda && all_gpu, "mpx/pp/" + rep + "/" + std::to_string(j) + "/", w.slot, w.slots, host, timeout);
   w.pp = w.lanes[std::size_t(w.tp_rank)];
@@ -187,43 +229,37 @@ void make_mesh_groups(World& w, const GlooEndpoint& host, std::chrono::milliseco
   w.dp = make_group(w, cuda, "mpx/dp/" + slot + "/" + std::to_string(w.tp_rank) + "/", w.replica, w.replicas, host, timeout);
 }
 
-}  // namespace detail
-
-/// Checks the job against pipeline P and builds its groups (see the file comment).
-template <PipelineType P>
-World make_world(const Env& env, const WorldOptions& opt = {})
+MPX_DECL World make_world(const Env& env, const WorldOptions& opt, const WorldShape& shape)
 {
   if (opt.keep_host_memory) keep_host_memory();
   World w;
   w.env = env;
   w.timeout = opt.timeout;
-  w.slots = P::num_slots;
-  w.ranks_per_replica = P::ranks_per_replica;
-  w.degree.assign(P::tp_degree.begin(), P::tp_degree.end());
-  w.first_rank.assign(P::first_rank.begin(), P::first_rank.end());
+  w.slots = shape.slots;
+  w.ranks_per_replica = shape.ranks_per_replica;
+  w.degree = shape.degree;
+  w.first_rank = shape.first_rank;
   // ---- checks each rank can make alone, before any communication
-  if (env.world_size % P::ranks_per_replica != 0) {
+  if (env.world_size % shape.ranks_per_replica != 0) {
     std::ostringstream m;
-    m << "mpx: WORLD_SIZE (" << env.world_size << ") is not a multiple of the ranks of one pipeline (" << P::ranks_per_replica;
-    if (P::num_lanes > 1) {
+    m << "mpx: WORLD_SIZE (" << env.world_size << ") is not a multiple of the ranks of one pipeline (" << shape.ranks_per_replica;
+    if (shape.lanes > 1) {
       m << " =";
-      for (int s = 0; s < P::num_slots; ++s) m << (s ? " +" : "") << " slot " << s << ": " << P::tp_degree[std::size_t(s)];
+      for (int s = 0; s < shape.slots; ++s) m << (s ? " +" : "") << " slot " << s << ": " << shape.degree[std::size_t(s)];
     } else {
       m << ", its slots";
     }
-    m << "): WORLD_SIZE = replicas x " << P::ranks_per_replica << "; launch " << P::ranks_per_replica << " x k ranks (e.g. --nproc-per-node "
-      << P::ranks_per_replica << ")";
+    m << "): WORLD_SIZE = replicas x " << shape.ranks_per_replica << "; launch " << shape.ranks_per_replica << " x k ranks (e.g. --nproc-per-node "
+      << shape.ranks_per_replica << ")";
     throw config_error(m.str());
   }
-  w.replicas = env.world_size / P::ranks_per_replica;
-  w.replica = env.rank / P::ranks_per_replica;
+  w.replicas = env.world_size / shape.ranks_per_replica;
+  w.replica = env.rank / shape.ranks_per_replica;
   w.slot = w.slot_of(env.rank);
-  w.tp_rank = env.rank % P::ranks_per_replica - w.first_rank[std::size_t(w.slot)];
+  w.tp_rank = env.rank % shape.ranks_per_replica - w.first_rank[std::size_t(w.slot)];
   w.tp_size = w.degree[std::size_t(w.slot)];
   bool gpu = false;
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    ((gpu = gpu || (P::template stage<int(I)>::kind == DeviceKind::cuda && P::slots[I] == w.slot)), ...);
-  }(std::make_index_sequence<std::size_t(P::num_stages)>{});
+  for (std::size_t i = 0; i < shape.stage_slot.size(); ++i) gpu = gpu || (shape.stage_cuda[i] && shape.stage_slot[i] == w.slot);
   if (gpu) {
     const auto n = static_cast<int>(torch::cuda::device_count());
     if (n == 0 && !opt.allow_cpu)
@@ -238,12 +274,12 @@ World make_world(const Env& env, const WorldOptions& opt = {})
   }
   // ---- rendezvous: the store, then can every rank reach every other?
   w.store = make_store(env, opt.timeout);
-  const detail::GlooEndpoint host = detail::gloo_endpoint(env);
+  const GlooEndpoint host = gloo_endpoint(env);
   check_reachable(*w.store, host, env, opt.timeout);
   // the world group first, and on it the one question every rank must agree on before building the mesh's
   // groups (ranks of different pipelines would wait for each other's groups): the same pipeline?
-  w.world = detail::make_gloo(w.store, "mpx/world/", env.rank, env.world_size, opt.timeout, host, env.rank);
-  const auto mine = static_cast<std::int64_t>(fingerprint_v<P>);
+  w.world = make_gloo(w.store, "mpx/world/", env.rank, env.world_size, opt.timeout, host, env.rank);
+  const std::int64_t mine = shape.fingerprint;
   std::vector<at::Tensor> in{torch::full({1}, mine, torch::kLong)};
   std::vector<std::vector<at::Tensor>> out(1);
   for (int r = 0; r < env.world_size; ++r) out[0].push_back(torch::zeros({1}, torch::kLong));
@@ -256,9 +292,11 @@ World make_world(const Env& env, const WorldOptions& opt = {})
     throw config_error("mpx: ranks" + differ + " run a different pipeline than rank " + std::to_string(env.rank) +
                        " (the pipeline fingerprints differ: another binary, pipeline type, tensor-parallel degree or micro-batch "
                        "count); start every rank from the same build with the same configuration");
-  detail::make_mesh_groups<P>(w, host, opt.timeout);
+  make_mesh_groups(w, shape, host, opt.timeout);
   check_run_settings(*w.store, opt.settings, env.rank, env.world_size, opt.timeout);
   return w;
 }
 
+}  // namespace detail
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

@@ -6,6 +6,7 @@
 /// alternatives system points `libblas.so.3` at it. `mpx::check_blas()` turns a slow set-up into a
 /// clear message instead of a mysteriously slow run.
 
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 #include <fstream>    // std::ifstream
 #include <stdexcept>  // std::runtime_error
 #include <string>     // std::string
@@ -14,7 +15,23 @@ namespace mpx
 {
 
 /// The path of the BLAS library mapped into this process (empty if none is mapped).
-inline std::string blas_library()
+MPX_DECL std::string blas_library();
+
+/// True when the mapped BLAS is the reference implementation (Debian's /usr/lib/<arch>/blas/).
+MPX_DECL bool blas_is_reference();
+
+/// Throws, naming the fix, when LibTorch runs on the reference BLAS.
+MPX_DECL void check_blas();
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx
+{
+
+MPX_DECL std::string blas_library()
 {
   std::ifstream maps("/proc/self/maps");
   std::string line;
@@ -29,15 +46,13 @@ inline std::string blas_library()
   return {};
 }
 
-/// True when the mapped BLAS is the reference implementation (Debian's /usr/lib/<arch>/blas/).
-inline bool blas_is_reference()
+MPX_DECL bool blas_is_reference()
 {
   const std::string p = blas_library();
   return p.find("/blas/libblas.so") != std::string::npos;
 }
 
-/// Throws, naming the fix, when LibTorch runs on the reference BLAS.
-inline void check_blas()
+MPX_DECL void check_blas()
 {
   if (blas_is_reference())
     throw std::runtime_error("mpx: LibTorch is using the reference BLAS (" + blas_library() +
@@ -46,3 +61,4 @@ inline void check_blas()
 }
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

@@ -22,6 +22,7 @@
 /// `MPX_KEEP_HOST_MEMORY=0`. `mpx::release_host_memory()` returns the cached blocks to the kernel (after
 /// evaluation, say); `mpx::host_memory_stats()` reports what is live and cached.
 
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 #include <c10/core/Allocator.h>     // c10::Allocator, c10::DataPtr
 #include <c10/core/CPUAllocator.h>  // c10::GetCPUAllocator, c10::SetCPUAllocator
 #include <c10/util/Exception.h>     // TORCH_CHECK
@@ -96,81 +97,23 @@ public:
   // Pure virtual from LibTorch 2.3 on (an unused extra member before).
   void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
 
-  HostMemoryStats stats() const
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return stats_;
-  }
+  HostMemoryStats stats() const;
 
   /// Unmaps every cached block; live tensors keep theirs.
-  void release() const
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    release_locked();
-  }
+  void release() const;
 
   /// Frees what `allocate` or `raw_allocate` returned: a large block goes back to the cache, anything
   /// else to the previous allocator's raw deleter (LibTorch and c10d use the raw interface too).
   c10::DeleterFnPtr raw_deleter() const override { return small_->raw_deleter() ? &HostCache::free_block : nullptr; }
 
 private:
-  c10::DataPtr allocate_block(std::size_t n) const
-  {
-    if (n < min_bytes) return small_->allocate(n);
-    const std::size_t bytes = size_class(n);
-    void* data = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = free_.find(bytes);
-      if (it != free_.end() && !it->second.empty()) {
-        data = it->second.back();
-        it->second.pop_back();
-        stats_.cached_bytes -= bytes;
-        ++stats_.hits;
-      } else {
-        data = map(bytes);
-        if (data == nullptr && stats_.cached_bytes > 0) {  // memory is short: give the cache back first
-          release_locked();
-          data = map(bytes);
-        }
-        TORCH_CHECK(data != nullptr, "mpx: out of host memory allocating ", n, " bytes (",
-                    stats_.live_bytes, " bytes live in large tensors); reduce the micro-batch or checkpoint "
-                    "activations (mpx::Checkpointed)");
-        ++stats_.misses;
-      }
-      live_[data] = bytes;
-      stats_.live_bytes += bytes;
-      if (stats_.live_bytes > stats_.peak_live_bytes) stats_.peak_live_bytes = stats_.live_bytes;
-      if (stats_.live_bytes + stats_.cached_bytes > stats_.peak_bytes)
-        stats_.peak_bytes = stats_.live_bytes + stats_.cached_bytes;
-    }
-    // the context is the pointer itself, so that c10's raw_allocate accepts it
-    return {data, data, &HostCache::free_block, c10::Device(c10::DeviceType::CPU)};
-  }
+  c10::DataPtr allocate_block(std::size_t n) const;
 
   static void free_block(void* data);  // defined below host_cache()
 
-  static void* map(std::size_t bytes)
-  {
-#if MPX_HOST_CACHE_AVAILABLE
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? nullptr : p;
-#else
-    (void)bytes;
-    return nullptr;
-#endif
-  }
+  static void* map(std::size_t bytes);
 
-  void release_locked() const
-  {
-    for (auto& [bytes, blocks] : free_) {
-#if MPX_HOST_CACHE_AVAILABLE
-      for (void* b : blocks) ::munmap(b, bytes);
-#endif
-      blocks.clear();
-    }
-    stats_.cached_bytes = 0;
-  }
+  void release_locked() const;
 
   c10::Allocator* small_;
   mutable std::mutex mutex_;
@@ -180,13 +123,108 @@ private:
 };
 
 /// The process's cache, once installed (nullptr before).
-inline HostCache*& host_cache()
+MPX_DECL HostCache*& host_cache();
+
+}  // namespace detail
+
+/// True when `MPX_KEEP_HOST_MEMORY` is unset or not "0".
+MPX_DECL bool keep_host_memory_wanted();
+
+/// Installs the caching allocator for large CPU tensors (see the file comment). Returns whether it is
+/// LibTorch's CPU allocator now: false when `MPX_KEEP_HOST_MEMORY=0`, on a platform without mmap, or when
+/// another allocator was installed with a higher priority. Call it once, early (tensors allocated before
+/// keep their allocator); calling it again is harmless.
+MPX_DECL bool keep_host_memory();
+
+/// Returns the cached large blocks to the kernel (live tensors are untouched).
+MPX_DECL void release_host_memory();
+
+/// What the cache holds now (zeros before keep_host_memory()).
+MPX_DECL HostMemoryStats host_memory_stats();
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::detail
+{
+
+MPX_DECL HostMemoryStats HostCache::stats() const
+{
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+MPX_DECL void HostCache::release() const
+{
+  std::lock_guard<std::mutex> lock(mutex_);
+  release_locked();
+}
+
+MPX_DECL c10::DataPtr HostCache::allocate_block(std::size_t n) const
+{
+  if (n < min_bytes) return small_->allocate(n);
+  const std::size_t bytes = size_class(n);
+  void* data = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = free_.find(bytes);
+    if (it != free_.end() && !it->second.empty()) {
+      data = it->second.back();
+      it->second.pop_back();
+      stats_.cached_bytes -= bytes;
+      ++stats_.hits;
+    } else {
+      data = map(bytes);
+      if (data == nullptr && stats_.cached_bytes > 0) {  // memory is short: give the cache back first
+        release_locked();
+        data = map(bytes);
+      }
+      TORCH_CHECK(data != nullptr, "mpx: out of host memory allocating ", n, " bytes (",
+                  stats_.live_bytes, " bytes live in large tensors); reduce the micro-batch or checkpoint "
+                  "activations (mpx::Checkpointed)");
+      ++stats_.misses;
+    }
+    live_[data] = bytes;
+    stats_.live_bytes += bytes;
+    if (stats_.live_bytes > stats_.peak_live_bytes) stats_.peak_live_bytes = stats_.live_bytes;
+    if (stats_.live_bytes + stats_.cached_bytes > stats_.peak_bytes)
+      stats_.peak_bytes = stats_.live_bytes + stats_.cached_bytes;
+  }
+  // the context is the pointer itself, so that c10's raw_allocate accepts it
+  return {data, data, &HostCache::free_block, c10::Device(c10::DeviceType::CPU)};
+}
+
+MPX_DECL void* HostCache::map(std::size_t bytes)
+{
+#if MPX_HOST_CACHE_AVAILABLE
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+#else
+  (void)bytes;
+  return nullptr;
+#endif
+}
+
+MPX_DECL void HostCache::release_locked() const
+{
+  for (auto& [bytes, blocks] : free_) {
+#if MPX_HOST_CACHE_AVAILABLE
+    for (void* b : blocks) ::munmap(b, bytes);
+#endif
+    blocks.clear();
+  }
+  stats_.cached_bytes = 0;
+}
+
+MPX_DECL HostCache*& host_cache()
 {
   static HostCache* cache = nullptr;
   return cache;
 }
 
-inline void HostCache::free_block(void* data)
+MPX_DECL void HostCache::free_block(void* data)
 {
   HostCache& self = *host_cache();
   {
@@ -211,20 +249,18 @@ inline void HostCache::free_block(void* data)
   self.small_->raw_deleter()(data);  // a small block that came through raw_allocate
 }
 
-}  // namespace detail
+}  // namespace mpx::detail
 
-/// True when `MPX_KEEP_HOST_MEMORY` is unset or not "0".
-inline bool keep_host_memory_wanted()
+namespace mpx
+{
+
+MPX_DECL bool keep_host_memory_wanted()
 {
   const char* v = std::getenv("MPX_KEEP_HOST_MEMORY");
   return v == nullptr || std::string(v) != "0";
 }
 
-/// Installs the caching allocator for large CPU tensors (see the file comment). Returns whether it is
-/// LibTorch's CPU allocator now: false when `MPX_KEEP_HOST_MEMORY=0`, on a platform without mmap, or when
-/// another allocator was installed with a higher priority. Call it once, early (tensors allocated before
-/// keep their allocator); calling it again is harmless.
-inline bool keep_host_memory()
+MPX_DECL bool keep_host_memory()
 {
 #if MPX_HOST_CACHE_AVAILABLE
   if (!keep_host_memory_wanted()) return false;
@@ -239,17 +275,16 @@ inline bool keep_host_memory()
 #endif
 }
 
-/// Returns the cached large blocks to the kernel (live tensors are untouched).
-inline void release_host_memory()
+MPX_DECL void release_host_memory()
 {
   if (auto* cache = detail::host_cache()) cache->release();
 }
 
-/// What the cache holds now (zeros before keep_host_memory()).
-inline HostMemoryStats host_memory_stats()
+MPX_DECL HostMemoryStats host_memory_stats()
 {
   auto* cache = detail::host_cache();
   return cache ? cache->stats() : HostMemoryStats{};
 }
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

@@ -11,6 +11,7 @@
 
 #include <mpx/runtime/errors.hpp>  // mpx::peer_error, mpx::config_error
 #include <mpx/runtime/process_group.hpp>  // mpx::ProcessGroupPtr
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // at::Tensor
 
@@ -36,11 +37,7 @@ using GroupPtr = c10::intrusive_ptr<Group>;
 
 namespace detail
 {
-inline GroupPtr& current_slot()
-{
-  thread_local GroupPtr g = c10::make_intrusive<Group>();
-  return g;
-}
+MPX_DECL GroupPtr& current_slot();
 }  // namespace detail
 
 /// The group the blocks built or run now belong to (the group of one outside any Scope).
@@ -60,13 +57,7 @@ class Scope
 };
 
 /// The sizes of `n` split `size` ways: each equal; a size N does not divide is a config_error naming `what`.
-inline std::int64_t shard_size(std::int64_t n, int size, const std::string& what)
-{
-  if (n % size != 0)
-    throw config_error("mpx::tp: " + what + " (" + std::to_string(n) + ") is not divisible by the tensor-parallel degree " +
-                       std::to_string(size) + "; choose a degree that divides it");
-  return n / size;
-}
+MPX_DECL std::int64_t shard_size(std::int64_t n, int size, const std::string& what);
 
 /// What this process's tensor-parallel collectives carried (payload: an all-reduce's tensor, an
 /// all-gather's gathered result), for benchmarks: `traffic() = {}` resets it.
@@ -74,11 +65,7 @@ struct Traffic
 {
   std::int64_t all_reduce_calls = 0, all_reduce_bytes = 0, all_gather_calls = 0, all_gather_bytes = 0;
 };
-inline Traffic& traffic()
-{
-  static Traffic t;
-  return t;
-}
+MPX_DECL Traffic& traffic();
 
 namespace detail
 {
@@ -96,7 +83,46 @@ void collective(const Group& g, const char* what, Op&& op)
 }  // namespace detail
 
 /// Sums `t` over the group, in place (contiguous CPU or device tensor).
-inline void all_reduce(const Group& g, at::Tensor& t, const char* what = "all-reduce")
+MPX_DECL void all_reduce(const Group& g, at::Tensor& t, const char* what = "all-reduce");
+
+/// The maximum of `t` over the group, in place.
+MPX_DECL void all_reduce_max(const Group& g, at::Tensor& t, const char* what = "all-reduce (max)");
+
+/// Every member's `t` (same shape on all), in group order.
+MPX_DECL std::vector<at::Tensor> all_gather(const Group& g, const at::Tensor& t, const char* what = "all-gather");
+
+}  // namespace mpx::tp
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::tp::detail
+{
+MPX_DECL GroupPtr& current_slot()
+{
+  thread_local GroupPtr g = c10::make_intrusive<Group>();
+  return g;
+}
+
+}  // namespace mpx::tp::detail
+
+namespace mpx::tp
+{
+MPX_DECL std::int64_t shard_size(std::int64_t n, int size, const std::string& what)
+{
+  if (n % size != 0)
+    throw config_error("mpx::tp: " + what + " (" + std::to_string(n) + ") is not divisible by the tensor-parallel degree " +
+                       std::to_string(size) + "; choose a degree that divides it");
+  return n / size;
+}
+
+MPX_DECL Traffic& traffic()
+{
+  static Traffic t;
+  return t;
+}
+
+MPX_DECL void all_reduce(const Group& g, at::Tensor& t, const char* what)
 {
   if (g.size == 1) return;
   std::vector<at::Tensor> v{t};
@@ -105,8 +131,7 @@ inline void all_reduce(const Group& g, at::Tensor& t, const char* what = "all-re
   traffic().all_reduce_bytes += std::int64_t(t.nbytes());
 }
 
-/// The maximum of `t` over the group, in place.
-inline void all_reduce_max(const Group& g, at::Tensor& t, const char* what = "all-reduce (max)")
+MPX_DECL void all_reduce_max(const Group& g, at::Tensor& t, const char* what)
 {
   if (g.size == 1) return;
   std::vector<at::Tensor> v{t};
@@ -117,8 +142,7 @@ inline void all_reduce_max(const Group& g, at::Tensor& t, const char* what = "al
   traffic().all_reduce_bytes += std::int64_t(t.nbytes());
 }
 
-/// Every member's `t` (same shape on all), in group order.
-inline std::vector<at::Tensor> all_gather(const Group& g, const at::Tensor& t, const char* what = "all-gather")
+MPX_DECL std::vector<at::Tensor> all_gather(const Group& g, const at::Tensor& t, const char* what)
 {
   if (g.size == 1) return {t};
   std::vector<at::Tensor> in{t.contiguous()};
@@ -131,3 +155,4 @@ inline std::vector<at::Tensor> all_gather(const Group& g, const at::Tensor& t, c
 }
 
 }  // namespace mpx::tp
+#endif  // MPX_DEFINITIONS

@@ -20,6 +20,7 @@
 /// and which `unshard`/`shard` use to move weights between degrees by name.
 
 #include <mpx/tp/ops.hpp>  // mpx::tp::copy_to, reduce_from, gather_from, ...
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::nn
 
@@ -58,25 +59,7 @@ struct PartPiece
 };
 /// The pieces rank `rank` of `size` holds under `s`, part by part; `full` is the whole dimension's size
 /// when `s` has one part (empty `parts`).
-inline std::vector<PartPiece> pieces_of(const Split& s, int64_t full, int rank, int size)
-{
-  const std::vector<int64_t> parts = s.parts.empty() ? std::vector<int64_t>{full} : s.parts;
-  std::vector<PartPiece> out;
-  int64_t local = 0;
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    PartPiece p;
-    p.full = parts[i], p.share = s.share(i);
-    if (p.share < 1 || size % p.share != 0)
-      throw config_error("mpx::tp: part " + std::to_string(i) + " of '" + s.name + "' is shared by " + std::to_string(p.share) +
-                         " ranks, which does not divide the group of " + std::to_string(size));
-    p.size = shard_size(p.full, int(size / p.share), "a split part of '" + s.name + "'");
-    p.piece = rank / p.share;
-    p.local_offset = local;
-    local += p.size;
-    out.push_back(p);
-  }
-  return out;
-}
+MPX_DECL std::vector<PartPiece> pieces_of(const Split& s, int64_t full, int rank, int size);
 }  // namespace detail
 
 /// A module that holds split parameters (see the file comment).
@@ -90,43 +73,19 @@ struct SplitModule
 };
 
 /// Shard `rank` of `size` of full tensor `full` under `s` (each part's piece rank / share, of size / share).
-inline at::Tensor shard(const at::Tensor& full, const Split& s, int rank, int size)
-{
-  std::vector<at::Tensor> mine;
-  int64_t off = 0;
-  for (const auto& p : detail::pieces_of(s, full.size(s.dim), rank, size)) {
-    mine.push_back(full.narrow(s.dim, off + p.piece * p.size, p.size));
-    off += p.full;
-  }
-  return torch::cat(mine, s.dim).clone();
-}
+MPX_DECL at::Tensor shard(const at::Tensor& full, const Split& s, int rank, int size);
 /// This rank's shard of full tensor `full` under `s`.
 inline at::Tensor shard(const at::Tensor& full, const Split& s, const Group& g) { return shard(full, s, g.rank, g.size); }
 
 /// The size along `s.dim` of the full tensor of which a member of a group of `size` holds `local_size`.
-inline int64_t unsplit_size(int64_t local_size, const Split& s, int size)
-{
-  if (!s.parts.empty()) return std::accumulate(s.parts.begin(), s.parts.end(), int64_t(0));
-  return local_size * (size / s.share(0));
-}
+MPX_DECL int64_t unsplit_size(int64_t local_size, const Split& s, int size);
 
 /// The full tensor whose shards under `s` are `shards` (shard r of shards.size(), in order): `shard`'s
 /// inverse (a shared piece is taken from the first rank that holds it).
-inline at::Tensor join(const std::vector<at::Tensor>& shards, const Split& s)
-{
-  const int n = int(shards.size());
-  const auto full = unsplit_size(shards.at(0).size(s.dim), s, n);
-  std::vector<at::Tensor> out;
-  for (const auto& p : detail::pieces_of(s, full, 0, n))
-    for (int64_t piece = 0; piece < n / p.share; ++piece) out.push_back(shards[std::size_t(piece * p.share)].narrow(s.dim, p.local_offset, p.size));
-  return torch::cat(out, s.dim);
-}
+MPX_DECL at::Tensor join(const std::vector<at::Tensor>& shards, const Split& s);
 
 /// The full tensor of which every member holds `local` under `s` (a collective over the group).
-inline at::Tensor unshard(const at::Tensor& local, const Split& s, const Group& g)
-{
-  return join(all_gather(g, local.detach(), "unshard (all-gather of a split parameter)"), s);
-}
+MPX_DECL at::Tensor unshard(const at::Tensor& local, const Split& s, const Group& g);
 
 struct ColumnLinearOptions
 {
@@ -240,26 +199,14 @@ struct RowLinearImpl : torch::nn::Module, SplitModule
 TORCH_MODULE(RowLinear);
 
 /// The sizes of the full tensor of which `local` is one member's shard under `s`.
-inline std::vector<int64_t> unsplit_sizes(const at::Tensor& local, const Split& s, const Group& g)
-{
-  auto sizes = local.sizes().vec();
-  sizes[std::size_t(s.dim)] = unsplit_size(local.size(s.dim), s, g.size);
-  return sizes;
-}
+MPX_DECL std::vector<int64_t> unsplit_sizes(const at::Tensor& local, const Split& s, const Group& g);
 
 /// Lookup of `ids` in a vocabulary-split table: `local` holds rows [rank·R, (rank+1)·R) of the full
 /// (V, D) table; ids outside them look up zeros, and the sum over the group (an all-reduce, or with
 /// `sequence_parallel` a reduce-scatter along dim 1) is the full lookup. A raw table parameter (one that
 /// is not a VocabEmbedding) uses it directly.
-inline torch::Tensor vocab_embedding(const torch::Tensor& local, const torch::Tensor& ids, const GroupPtr& g = current(),
-                                     bool sequence_parallel = false)
-{
-  if (g->size == 1) return torch::embedding(local, ids);
-  const int64_t rows = local.size(0), lo = g->rank * rows;
-  const auto outside = (ids < lo).logical_or(ids >= lo + rows);
-  auto e = torch::embedding(local, (ids - lo).masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0);
-  return sequence_parallel ? reduce_scatter_sequence(e, 1, g) : reduce_from(e, g);
-}
+MPX_DECL torch::Tensor vocab_embedding(const torch::Tensor& local, const torch::Tensor& ids, const GroupPtr& g = current(),
+                                     bool sequence_parallel = false);
 
 /// Rows of the table split (see the file comment).
 struct VocabEmbeddingImpl : torch::nn::Module, SplitModule
@@ -289,8 +236,113 @@ TORCH_MODULE(VocabEmbedding);
 
 /// Mean cross-entropy of vocabulary-split logits `local` (..., V/N) against `targets` (...), skipping
 /// `ignore_index`; the full logits are never gathered. In a group of one, torch's cross_entropy.
-inline torch::Tensor cross_entropy(const torch::Tensor& local, const torch::Tensor& targets, int64_t ignore_index = -100,
-                                   const GroupPtr& g = current())
+MPX_DECL torch::Tensor cross_entropy(const torch::Tensor& local, const torch::Tensor& targets, int64_t ignore_index = -100,
+                                   const GroupPtr& g = current());
+
+/// Every split parameter of `m` and its submodules: full name → its split (and the group it is split over).
+MPX_DECL std::vector<std::pair<std::string, Split>> split_parameters(const torch::nn::Module& m);
+
+/// The ranges [start, start + length) along `s.dim` of a local shard (of `local_size` along it) that rank
+/// `rank` of `size` counts in norms: all of it, except the pieces of shared parts that a lower rank also
+/// holds (each piece counts once, on the first of the ranks that hold it). Adjacent ranges are merged.
+MPX_DECL std::vector<std::pair<int64_t, int64_t>> counted_ranges(const Split& s, int64_t local_size, int rank, int size);
+
+/// This rank's share of the squared gradient norm of `m`: its split parameters' squares (a shared piece on
+/// the first rank holding it only), and the replicated ones' on the group's first rank only — summed over
+/// the group, each parameter counts once (not N times).
+MPX_DECL double local_gradient_sq(const torch::nn::Module& m, const GroupPtr& g = current());
+
+/// Under grouped-query attention with fewer key/value heads than ranks, the ranks sharing a head each hold
+/// the gradient of their own query heads' use of it: sums every shared piece's gradient over the ranks
+/// that hold it (one all-reduce for the whole module, each piece placed at its place in the full part).
+MPX_DECL void sum_shared_gradients(const torch::nn::Module& m, const GroupPtr& g = current());
+
+/// Under sequence parallelism every replicated parameter (LayerNorm, a row-parallel bias, positions) sees
+/// 1/N of the sequence: sums their gradients over the group, so that each holds the full gradient.
+MPX_DECL void sum_replicated_gradients(const torch::nn::Module& m, const GroupPtr& g = current());
+
+}  // namespace mpx::tp
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::tp::detail
+{
+MPX_DECL std::vector<PartPiece> pieces_of(const Split& s, int64_t full, int rank, int size)
+{
+  const std::vector<int64_t> parts = s.parts.empty() ? std::vector<int64_t>{full} : s.parts;
+  std::vector<PartPiece> out;
+  int64_t local = 0;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    PartPiece p;
+    p.full = parts[i], p.share = s.share(i);
+    if (p.share < 1 || size % p.share != 0)
+      throw config_error("mpx::tp: part " + std::to_string(i) + " of '" + s.name + "' is shared by " + std::to_string(p.share) +
+                         " ranks, which does not divide the group of " + std::to_string(size));
+    p.size = shard_size(p.full, int(size / p.share), "a split part of '" + s.name + "'");
+    p.piece = rank / p.share;
+    p.local_offset = local;
+    local += p.size;
+    out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace mpx::tp::detail
+
+namespace mpx::tp
+{
+MPX_DECL at::Tensor shard(const at::Tensor& full, const Split& s, int rank, int size)
+{
+  std::vector<at::Tensor> mine;
+  int64_t off = 0;
+  for (const auto& p : detail::pieces_of(s, full.size(s.dim), rank, size)) {
+    mine.push_back(full.narrow(s.dim, off + p.piece * p.size, p.size));
+    off += p.full;
+  }
+  return torch::cat(mine, s.dim).clone();
+}
+
+MPX_DECL int64_t unsplit_size(int64_t local_size, const Split& s, int size)
+{
+  if (!s.parts.empty()) return std::accumulate(s.parts.begin(), s.parts.end(), int64_t(0));
+  return local_size * (size / s.share(0));
+}
+
+MPX_DECL at::Tensor join(const std::vector<at::Tensor>& shards, const Split& s)
+{
+  const int n = int(shards.size());
+  const auto full = unsplit_size(shards.at(0).size(s.dim), s, n);
+  std::vector<at::Tensor> out;
+  for (const auto& p : detail::pieces_of(s, full, 0, n))
+    for (int64_t piece = 0; piece < n / p.share; ++piece) out.push_back(shards[std::size_t(piece * p.share)].narrow(s.dim, p.local_offset, p.size));
+  return torch::cat(out, s.dim);
+}
+
+MPX_DECL at::Tensor unshard(const at::Tensor& local, const Split& s, const Group& g)
+{
+  return join(all_gather(g, local.detach(), "unshard (all-gather of a split parameter)"), s);
+}
+
+MPX_DECL std::vector<int64_t> unsplit_sizes(const at::Tensor& local, const Split& s, const Group& g)
+{
+  auto sizes = local.sizes().vec();
+  sizes[std::size_t(s.dim)] = unsplit_size(local.size(s.dim), s, g.size);
+  return sizes;
+}
+
+MPX_DECL torch::Tensor vocab_embedding(const torch::Tensor& local, const torch::Tensor& ids, const GroupPtr& g,
+                                     bool sequence_parallel)
+{
+  if (g->size == 1) return torch::embedding(local, ids);
+  const int64_t rows = local.size(0), lo = g->rank * rows;
+  const auto outside = (ids < lo).logical_or(ids >= lo + rows);
+  auto e = torch::embedding(local, (ids - lo).masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0);
+  return sequence_parallel ? reduce_scatter_sequence(e, 1, g) : reduce_from(e, g);
+}
+
+MPX_DECL torch::Tensor cross_entropy(const torch::Tensor& local, const torch::Tensor& targets, int64_t ignore_index,
+                                   const GroupPtr& g)
 {
   const auto V = local.size(-1);
   if (g->size == 1)
@@ -310,8 +362,7 @@ inline torch::Tensor cross_entropy(const torch::Tensor& local, const torch::Tens
   return per.sum() / valid.sum();
 }
 
-/// Every split parameter of `m` and its submodules: full name → its split (and the group it is split over).
-inline std::vector<std::pair<std::string, Split>> split_parameters(const torch::nn::Module& m)
+MPX_DECL std::vector<std::pair<std::string, Split>> split_parameters(const torch::nn::Module& m)
 {
   std::vector<std::pair<std::string, Split>> out;
   auto add = [&](const torch::nn::Module* mod, const std::string& prefix) {
@@ -323,10 +374,7 @@ inline std::vector<std::pair<std::string, Split>> split_parameters(const torch::
   return out;
 }
 
-/// The ranges [start, start + length) along `s.dim` of a local shard (of `local_size` along it) that rank
-/// `rank` of `size` counts in norms: all of it, except the pieces of shared parts that a lower rank also
-/// holds (each piece counts once, on the first of the ranks that hold it). Adjacent ranges are merged.
-inline std::vector<std::pair<int64_t, int64_t>> counted_ranges(const Split& s, int64_t local_size, int rank, int size)
+MPX_DECL std::vector<std::pair<int64_t, int64_t>> counted_ranges(const Split& s, int64_t local_size, int rank, int size)
 {
   std::vector<std::pair<int64_t, int64_t>> out;
   for (const auto& p : detail::pieces_of(s, unsplit_size(local_size, s, size), rank, size)) {
@@ -337,10 +385,7 @@ inline std::vector<std::pair<int64_t, int64_t>> counted_ranges(const Split& s, i
   return out;
 }
 
-/// This rank's share of the squared gradient norm of `m`: its split parameters' squares (a shared piece on
-/// the first rank holding it only), and the replicated ones' on the group's first rank only — summed over
-/// the group, each parameter counts once (not N times).
-inline double local_gradient_sq(const torch::nn::Module& m, const GroupPtr& g = current())
+MPX_DECL double local_gradient_sq(const torch::nn::Module& m, const GroupPtr& g)
 {
   const auto split = split_parameters(m);
   double sq = 0;
@@ -358,10 +403,7 @@ inline double local_gradient_sq(const torch::nn::Module& m, const GroupPtr& g = 
   return sq;
 }
 
-/// Under grouped-query attention with fewer key/value heads than ranks, the ranks sharing a head each hold
-/// the gradient of their own query heads' use of it: sums every shared piece's gradient over the ranks
-/// that hold it (one all-reduce for the whole module, each piece placed at its place in the full part).
-inline void sum_shared_gradients(const torch::nn::Module& m, const GroupPtr& g = current())
+MPX_DECL void sum_shared_gradients(const torch::nn::Module& m, const GroupPtr& g)
 {
   if (g->size == 1) return;
   struct Shared
@@ -399,9 +441,7 @@ inline void sum_shared_gradients(const torch::nn::Module& m, const GroupPtr& g =
   }
 }
 
-/// Under sequence parallelism every replicated parameter (LayerNorm, a row-parallel bias, positions) sees
-/// 1/N of the sequence: sums their gradients over the group, so that each holds the full gradient.
-inline void sum_replicated_gradients(const torch::nn::Module& m, const GroupPtr& g = current())
+MPX_DECL void sum_replicated_gradients(const torch::nn::Module& m, const GroupPtr& g)
 {
   if (g->size == 1) return;
   std::vector<std::string> split;
@@ -414,3 +454,4 @@ inline void sum_replicated_gradients(const torch::nn::Module& m, const GroupPtr&
 }
 
 }  // namespace mpx::tp
+#endif  // MPX_DEFINITIONS

@@ -20,6 +20,7 @@
 /// gradient is then summed over the group with the others (layers.hpp, `sum_replicated_gradients`).
 
 #include <mpx/tp/group.hpp>  // mpx::tp::Group, all_reduce, all_gather
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::autograd::Function
 
@@ -34,48 +35,23 @@ using torch::autograd::variable_list;
 inline GroupPtr group_of(AutogradContext* ctx) { return c10::static_intrusive_pointer_cast<Group>(ctx->saved_data["group"].toCapsule()); }
 
 /// The sum over the group of a fresh contiguous copy of `t`.
-inline at::Tensor summed(const Group& g, const at::Tensor& t, const char* what)
-{
-  auto out = t.contiguous().clone();
-  all_reduce(g, out, what);
-  return out;
-}
+MPX_DECL at::Tensor summed(const Group& g, const at::Tensor& t, const char* what);
 /// The concatenation along `dim` of every member's `t`.
-inline at::Tensor gathered(const Group& g, const at::Tensor& t, int64_t dim, const char* what)
-{
-  return torch::cat(all_gather(g, t, what), dim);
-}
+MPX_DECL at::Tensor gathered(const Group& g, const at::Tensor& t, int64_t dim, const char* what);
 /// This rank's slice along `dim`.
-inline at::Tensor sliced(const Group& g, const at::Tensor& t, int64_t dim)
-{
-  const auto n = shard_size(t.size(dim), g.size, "the split dimension of a tensor-parallel operand");
-  return t.narrow(dim, g.rank * n, n).contiguous();
-}
+MPX_DECL at::Tensor sliced(const Group& g, const at::Tensor& t, int64_t dim);
 /// This rank's slice along `dim` of the sum over the group.
-inline at::Tensor reduce_scattered(const Group& g, const at::Tensor& t, int64_t dim, const char* what)
-{
-  return sliced(g, summed(g, t, what), dim);  // Gloo has no reduce-scatter in 1.13: an all-reduce, then the slice
-}
+MPX_DECL at::Tensor reduce_scattered(const Group& g, const at::Tensor& t, int64_t dim, const char* what);
 
 struct CopyTo : torch::autograd::Function<CopyTo>
 {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, GroupPtr g)
-  {
-    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
-    return x.view_as(x);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads)
-  {
-    return {summed(*group_of(ctx), grads[0], "backward of copy_to (the input gradient's all-reduce)"), at::Tensor()};
-  }
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, GroupPtr g);
+  static variable_list backward(AutogradContext* ctx, variable_list grads);
 };
 
 struct ReduceFrom : torch::autograd::Function<ReduceFrom>
 {
-  static at::Tensor forward(AutogradContext*, const at::Tensor& x, GroupPtr g)
-  {
-    return summed(*g, x, "reduce_from (a row-parallel output's all-reduce)");
-  }
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, GroupPtr g);
   static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], at::Tensor()}; }
 };
 
@@ -87,14 +63,7 @@ enum class Along
   slice,
   reduce_scatter
 };
-inline at::Tensor along(Along op, const Group& g, const at::Tensor& t, int64_t dim)
-{
-  switch (op) {
-    case Along::gather: return gathered(g, t, dim, "all-gather along a dimension");
-    case Along::slice: return sliced(g, t, dim);
-    default: return reduce_scattered(g, t, dim, "reduce-scatter along a dimension (an all-reduce, then the slice)");
-  }
-}
+MPX_DECL at::Tensor along(Along op, const Group& g, const at::Tensor& t, int64_t dim);
 
 /// A conjugate pair along dimension `dim`: `Fwd` in the forward, `Bwd` on the gradient.
 template <Along Fwd, Along Bwd>
@@ -117,29 +86,8 @@ struct AlongDim : torch::autograd::Function<AlongDim<Fwd, Bwd>>
 /// the shard, is never held between the forward and the backward.
 struct GatheredLinear : torch::autograd::Function<GatheredLinear>
 {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, GroupPtr g, int64_t dim)
-  {
-    ctx->save_for_backward({x, w});
-    ctx->saved_data["dim"] = dim;
-    ctx->saved_data["bias"] = b.defined();
-    auto y = torch::nn::functional::linear(gathered(*g, x.contiguous(), dim, "the sequence-parallel column linear's all-gather"), w, b);
-    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
-    return y;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads)
-  {
-    const auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &w = saved[1];
-    const auto g = group_of(ctx);
-    const auto dim = ctx->saved_data["dim"].toInt();
-    const auto gy = grads[0];  // (..., out/N), in the forward's compute dtype (autocast: bf16)
-    const auto full = gathered(*g, x.contiguous(), dim, "backward of the sequence-parallel column linear (its input gathered again)");
-    const auto gy2 = gy.reshape({-1, gy.size(-1)});
-    auto gw = gy2.t().matmul(full.reshape({-1, full.size(-1)}).to(gy.scalar_type())).to(w.scalar_type());
-    auto gb = ctx->saved_data["bias"].toBool() ? gy2.sum(0).to(w.scalar_type()) : at::Tensor();
-    auto gx = reduce_scattered(*g, gy.matmul(w.to(gy.scalar_type())), dim, "backward of the sequence-parallel column linear (reduce-scatter)");
-    return {gx.to(x.scalar_type()), gw, gb, at::Tensor(), at::Tensor()};
-  }
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, GroupPtr g, int64_t dim);
+  static variable_list backward(AutogradContext* ctx, variable_list grads);
 };
 
 using GatherFrom = AlongDim<Along::gather, Along::slice>;
@@ -148,41 +96,144 @@ using GatherSequence = AlongDim<Along::gather, Along::reduce_scatter>;
 using ReduceScatterSequence = AlongDim<Along::reduce_scatter, Along::gather>;
 }  // namespace detail
 
-inline at::Tensor slice_of(const at::Tensor& x, int64_t dim, const GroupPtr& g = current())
+MPX_DECL at::Tensor slice_of(const at::Tensor& x, int64_t dim, const GroupPtr& g = current());
+MPX_DECL at::Tensor copy_to(const at::Tensor& x, const GroupPtr& g = current());
+MPX_DECL at::Tensor reduce_from(const at::Tensor& x, const GroupPtr& g = current());
+MPX_DECL at::Tensor gather_from(const at::Tensor& x, int64_t dim = -1, const GroupPtr& g = current());
+MPX_DECL at::Tensor scatter_to(const at::Tensor& x, int64_t dim = -1, const GroupPtr& g = current());
+MPX_DECL at::Tensor gather_sequence(const at::Tensor& x, int64_t dim = 1, const GroupPtr& g = current());
+MPX_DECL at::Tensor reduce_scatter_sequence(const at::Tensor& x, int64_t dim = 1, const GroupPtr& g = current());
+/// `linear(gather_sequence(x, dim), w, b)`, holding only the shard x for the backward (see GatheredLinear).
+MPX_DECL at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, int64_t dim = 1, const GroupPtr& g = current());
+
+}  // namespace mpx::tp
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::tp::detail
+{
+
+MPX_DECL at::Tensor summed(const Group& g, const at::Tensor& t, const char* what)
+{
+  auto out = t.contiguous().clone();
+  all_reduce(g, out, what);
+  return out;
+}
+
+MPX_DECL at::Tensor gathered(const Group& g, const at::Tensor& t, int64_t dim, const char* what)
+{
+  return torch::cat(all_gather(g, t, what), dim);
+}
+
+MPX_DECL at::Tensor sliced(const Group& g, const at::Tensor& t, int64_t dim)
+{
+  const auto n = shard_size(t.size(dim), g.size, "the split dimension of a tensor-parallel operand");
+  return t.narrow(dim, g.rank * n, n).contiguous();
+}
+
+MPX_DECL at::Tensor reduce_scattered(const Group& g, const at::Tensor& t, int64_t dim, const char* what)
+{
+  return sliced(g, summed(g, t, what), dim);  // Gloo has no reduce-scatter in 1.13: an all-reduce, then the slice
+}
+
+MPX_DECL at::Tensor CopyTo::forward(AutogradContext* ctx, const at::Tensor& x, GroupPtr g)
+{
+  ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
+  return x.view_as(x);
+}
+
+MPX_DECL variable_list CopyTo::backward(AutogradContext* ctx, variable_list grads)
+{
+  return {summed(*group_of(ctx), grads[0], "backward of copy_to (the input gradient's all-reduce)"), at::Tensor()};
+}
+
+MPX_DECL at::Tensor ReduceFrom::forward(AutogradContext*, const at::Tensor& x, GroupPtr g)
+{
+  return summed(*g, x, "reduce_from (a row-parallel output's all-reduce)");
+}
+
+MPX_DECL at::Tensor along(Along op, const Group& g, const at::Tensor& t, int64_t dim)
+{
+  switch (op) {
+    case Along::gather: return gathered(g, t, dim, "all-gather along a dimension");
+    case Along::slice: return sliced(g, t, dim);
+    default: return reduce_scattered(g, t, dim, "reduce-scatter along a dimension (an all-reduce, then the slice)");
+  }
+}
+
+MPX_DECL at::Tensor GatheredLinear::forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, GroupPtr g, int64_t dim)
+{
+  ctx->save_for_backward({x, w});
+  ctx->saved_data["dim"] = dim;
+  ctx->saved_data["bias"] = b.defined();
+  auto y = torch::nn::functional::linear(gathered(*g, x.contiguous(), dim, "the sequence-parallel column linear's all-gather"), w, b);
+  ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
+  return y;
+}
+
+MPX_DECL variable_list GatheredLinear::backward(AutogradContext* ctx, variable_list grads)
+{
+  const auto saved = ctx->get_saved_variables();
+  const auto &x = saved[0], &w = saved[1];
+  const auto g = group_of(ctx);
+  const auto dim = ctx->saved_data["dim"].toInt();
+  const auto gy = grads[0];  // (..., out/N), in the forward's compute dtype (autocast: bf16)
+  const auto full = gathered(*g, x.contiguous(), dim, "backward of the sequence-parallel column linear (its input gathered again)");
+  const auto gy2 = gy.reshape({-1, gy.size(-1)});
+  auto gw = gy2.t().matmul(full.reshape({-1, full.size(-1)}).to(gy.scalar_type())).to(w.scalar_type());
+  auto gb = ctx->saved_data["bias"].toBool() ? gy2.sum(0).to(w.scalar_type()) : at::Tensor();
+  auto gx = reduce_scattered(*g, gy.matmul(w.to(gy.scalar_type())), dim, "backward of the sequence-parallel column linear (reduce-scatter)");
+  return {gx.to(x.scalar_type()), gw, gb, at::Tensor(), at::Tensor()};
+}
+
+}  // namespace mpx::tp::detail
+
+namespace mpx::tp
+{
+
+MPX_DECL at::Tensor slice_of(const at::Tensor& x, int64_t dim, const GroupPtr& g)
 {
   if (g->size == 1) return x;
   const auto n = shard_size(x.size(dim), g->size, "the sliced dimension");
   return x.narrow(dim, g->rank * n, n);
 }
-inline at::Tensor copy_to(const at::Tensor& x, const GroupPtr& g = current())
+
+MPX_DECL at::Tensor copy_to(const at::Tensor& x, const GroupPtr& g)
 {
   return g->size == 1 ? x : detail::CopyTo::apply(x, g);
 }
-inline at::Tensor reduce_from(const at::Tensor& x, const GroupPtr& g = current())
+
+MPX_DECL at::Tensor reduce_from(const at::Tensor& x, const GroupPtr& g)
 {
   return g->size == 1 ? x : detail::ReduceFrom::apply(x, g);
 }
-inline at::Tensor gather_from(const at::Tensor& x, int64_t dim = -1, const GroupPtr& g = current())
+
+MPX_DECL at::Tensor gather_from(const at::Tensor& x, int64_t dim, const GroupPtr& g)
 {
   return g->size == 1 ? x : detail::GatherFrom::apply(x, g, dim < 0 ? dim + x.dim() : dim);
 }
-inline at::Tensor scatter_to(const at::Tensor& x, int64_t dim = -1, const GroupPtr& g = current())
+
+MPX_DECL at::Tensor scatter_to(const at::Tensor& x, int64_t dim, const GroupPtr& g)
 {
   return g->size == 1 ? x : detail::ScatterTo::apply(x, g, dim < 0 ? dim + x.dim() : dim);
 }
-inline at::Tensor gather_sequence(const at::Tensor& x, int64_t dim = 1, const GroupPtr& g = current())
+
+MPX_DECL at::Tensor gather_sequence(const at::Tensor& x, int64_t dim, const GroupPtr& g)
 {
   return g->size == 1 ? x : detail::GatherSequence::apply(x, g, dim < 0 ? dim + x.dim() : dim);
 }
-inline at::Tensor reduce_scatter_sequence(const at::Tensor& x, int64_t dim = 1, const GroupPtr& g = current())
+
+MPX_DECL at::Tensor reduce_scatter_sequence(const at::Tensor& x, int64_t dim, const GroupPtr& g)
 {
   return g->size == 1 ? x : detail::ReduceScatterSequence::apply(x, g, dim < 0 ? dim + x.dim() : dim);
 }
-/// `linear(gather_sequence(x, dim), w, b)`, holding only the shard x for the backward (see GatheredLinear).
-inline at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, int64_t dim = 1, const GroupPtr& g = current())
+
+MPX_DECL at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, int64_t dim, const GroupPtr& g)
 {
   if (g->size == 1) return torch::nn::functional::linear(x, w, b);
   return detail::GatheredLinear::apply(x, w, b, g, dim < 0 ? dim + x.dim() : dim);
 }
 
 }  // namespace mpx::tp
+#endif  // MPX_DEFINITIONS

@@ -12,6 +12,7 @@
 
 #include <mpx/runtime/errors.hpp>  // mpx::peer_error, mpx::config_error
 #include <mpx/torch/tensor.hpp>    // at::Tensor
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <c10/core/ScalarType.h>  // at::ScalarType, c10::elementSize
 
@@ -43,44 +44,16 @@ inline constexpr std::int64_t max_field_bytes = std::int64_t(1) << 40;
 inline int header_tag(int channel) { return 2 * channel; }
 inline int payload_tag(int channel) { return 2 * channel + 1; }
 
-inline std::string shape_text(at::IntArrayRef s)
-{
-  std::ostringstream o;
-  o << "[";
-  for (std::size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
-  return o.str() + "]";
-}
+MPX_DECL std::string shape_text(at::IntArrayRef s);
 
 /// A declared shape as text: "[any, 729, 64]".
-inline std::string dims_text(const std::vector<std::int64_t>& d)
-{
-  std::string o = "[";
-  for (std::size_t i = 0; i < d.size(); ++i) o += (i ? ", " : "") + (d[i] < 0 ? std::string("any") : std::to_string(d[i]));
-  return o + "]";
-}
+MPX_DECL std::string dims_text(const std::vector<std::int64_t>& d);
 
 /// Whether `shape` has the declared rank and every fixed extent of `declared`.
-inline bool fits(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& declared)
-{
-  if (shape.size() != declared.size()) return false;
-  for (std::size_t i = 0; i < shape.size(); ++i)
-    if (declared[i] >= 0 && shape[i] != declared[i]) return false;
-  return true;
-}
+MPX_DECL bool fits(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& declared);
 
 /// The dtypes a boundary tensor may have: what `read_header` accepts as a dtype code.
-inline bool wire_dtype_allowed(std::int64_t code)
-{
-  using S = at::ScalarType;
-  switch (code) {
-    case std::int64_t(S::Byte): case std::int64_t(S::Char): case std::int64_t(S::Short): case std::int64_t(S::Int):
-    case std::int64_t(S::Long): case std::int64_t(S::Half): case std::int64_t(S::Float): case std::int64_t(S::Double):
-    case std::int64_t(S::Bool): case std::int64_t(S::BFloat16):
-      return true;
-    default:
-      return false;
-  }
-}
+MPX_DECL bool wire_dtype_allowed(std::int64_t code);
 }  // namespace detail
 
 /// What a receive must carry, checked against its header.
@@ -129,7 +102,58 @@ struct HeaderLayout
 
 /// Writes the header of tensors `ts` (undefined: a field without a value), each sent as `sent[i]` (its
 /// wire dtype), into `hp` (header_size int64s), and returns the payload's packed size.
-inline std::int64_t encode_header(std::int64_t* hp, int stage, int mb, bool gradient, const std::vector<at::Tensor>& ts,
+MPX_DECL std::int64_t encode_header(std::int64_t* hp, int stage, int mb, bool gradient, const std::vector<at::Tensor>& ts,
+                                  const std::vector<at::Tensor>& sent);
+
+/// Checks header `hp` against what the receive expects (`room`: payload bytes the receive had room for,
+/// negative for an exact header receive) and returns its layout. `what` names the message in errors.
+MPX_DECL HeaderLayout read_header(const std::int64_t* hp, std::int64_t room, const Expect& e, const std::string& what);
+}  // namespace detail
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::detail
+{
+MPX_DECL std::string shape_text(at::IntArrayRef s)
+{
+  std::ostringstream o;
+  o << "[";
+  for (std::size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  return o.str() + "]";
+}
+
+MPX_DECL std::string dims_text(const std::vector<std::int64_t>& d)
+{
+  std::string o = "[";
+  for (std::size_t i = 0; i < d.size(); ++i) o += (i ? ", " : "") + (d[i] < 0 ? std::string("any") : std::to_string(d[i]));
+  return o + "]";
+}
+
+MPX_DECL bool fits(const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& declared)
+{
+  if (shape.size() != declared.size()) return false;
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    if (declared[i] >= 0 && shape[i] != declared[i]) return false;
+  return true;
+}
+
+MPX_DECL bool wire_dtype_allowed(std::int64_t code)
+{
+  using S = at::ScalarType;
+  switch (code) {
+    case std::int64_t(S::Byte): case std::int64_t(S::Char): case std::int64_t(S::Short): case std::int64_t(S::Int):
+    case std::int64_t(S::Long): case std::int64_t(S::Half): case std::int64_t(S::Float): case std::int64_t(S::Double):
+    case std::int64_t(S::Bool): case std::int64_t(S::BFloat16):
+      return true;
+    default:
+      return false;
+  }
+}
+
+MPX_DECL std::int64_t encode_header(std::int64_t* hp, int stage, int mb, bool gradient, const std::vector<at::Tensor>& ts,
                                   const std::vector<at::Tensor>& sent)
 {
   hp[0] = header_magic;
@@ -155,9 +179,7 @@ inline std::int64_t encode_header(std::int64_t* hp, int stage, int mb, bool grad
   return bytes;
 }
 
-/// Checks header `hp` against what the receive expects (`room`: payload bytes the receive had room for,
-/// negative for an exact header receive) and returns its layout. `what` names the message in errors.
-inline HeaderLayout read_header(const std::int64_t* hp, std::int64_t room, const Expect& e, const std::string& what)
+MPX_DECL HeaderLayout read_header(const std::int64_t* hp, std::int64_t room, const Expect& e, const std::string& what)
 {
   auto fail = [&](const std::string& msg) -> void { throw peer_error(error_start(what) + ": " + msg); };
   if (hp[0] != header_magic) fail("the message is not an mpx boundary header (peer runs another protocol version?)");
@@ -210,6 +232,6 @@ inline HeaderLayout read_header(const std::int64_t* hp, std::int64_t room, const
     fail("its fields need " + std::to_string(h.payload) + " payload bytes, the message packs " + std::to_string(h.packed));
   return h;
 }
-}  // namespace detail
 
-}  // namespace mpx
+}  // namespace mpx::detail
+#endif  // MPX_DEFINITIONS

@@ -12,6 +12,7 @@
 
 #include <mpx/runtime/wire/format.hpp>  // mpx::Expect, mpx::ChannelSize, mpx::detail::read_header
 #include <mpx/runtime/world.hpp>        // mpx::ProcessGroupPtr
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::empty, torch::from_blob
 
@@ -50,8 +51,33 @@ struct PendingRecv
 
 /// Posts the header receive of a message into `r`. With `size` (the channel's record at this end; CPU
 /// only), the receive has room for the channel's largest payload of earlier steps, packed after the header.
-inline void post_recv(PendingRecv& r, ProcessGroupPtr& pg, int src, int channel, Expect e, std::string what,
-                      torch::Device comm = torch::kCPU, ChannelSize* size = nullptr)
+MPX_DECL void post_recv(PendingRecv& r, ProcessGroupPtr& pg, int src, int channel, Expect e, std::string what,
+                      torch::Device comm = torch::kCPU, ChannelSize* size = nullptr);
+
+namespace detail
+{
+/// The arrived header's fields as tensors: views of the message when packed, else fresh buffers.
+MPX_DECL void make_buffers(PendingRecv& r, const HeaderLayout& h);
+
+/// Checks the (arrived) header and posts the payload receives.
+MPX_DECL void post_payloads(ProcessGroupPtr& pg, PendingRecv& r);
+}  // namespace detail
+
+/// Waits for the header (if needed: without a Receiver) and the payloads. Returns one tensor per field
+/// (undefined for fields without gradient), in the sender's dtype, with requires_grad as the sender had it.
+/// For gradients, `like` are the activations sent: each gradient's shape must be its activation's.
+MPX_DECL std::vector<at::Tensor> finish_recv(ProcessGroupPtr& pg, PendingRecv& r, std::chrono::milliseconds timeout,
+                                           const std::vector<at::Tensor>& like = {});
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx
+{
+MPX_DECL void post_recv(PendingRecv& r, ProcessGroupPtr& pg, int src, int channel, Expect e, std::string what,
+                      torch::Device comm, ChannelSize* size)
 {
   r.comm = comm;
   r.size = comm.type() == torch::kCPU ? size : nullptr;
@@ -65,10 +91,11 @@ inline void post_recv(PendingRecv& r, ProcessGroupPtr& pg, int src, int channel,
   r.header_work = pg->recv(v, src, detail::header_tag(channel));
 }
 
-namespace detail
+}  // namespace mpx
+
+namespace mpx::detail
 {
-/// The arrived header's fields as tensors: views of the message when packed, else fresh buffers.
-inline void make_buffers(PendingRecv& r, const HeaderLayout& h)
+MPX_DECL void make_buffers(PendingRecv& r, const HeaderLayout& h)
 {
   const std::size_t n = h.fields.size();
   r.out.assign(n, at::Tensor());
@@ -91,8 +118,7 @@ inline void make_buffers(PendingRecv& r, const HeaderLayout& h)
   }
 }
 
-/// Checks the (arrived) header and posts the payload receives.
-inline void post_payloads(ProcessGroupPtr& pg, PendingRecv& r)
+MPX_DECL void post_payloads(ProcessGroupPtr& pg, PendingRecv& r)
 {
   const at::Tensor host = r.header.cpu();
   const auto* hp = reinterpret_cast<const std::int64_t*>(host.data_ptr());  // int64, or bytes starting with the int64 header
@@ -108,13 +134,13 @@ inline void post_payloads(ProcessGroupPtr& pg, PendingRecv& r)
     }
   r.payload_posted.store(true, std::memory_order_release);
 }
-}  // namespace detail
 
-/// Waits for the header (if needed: without a Receiver) and the payloads. Returns one tensor per field
-/// (undefined for fields without gradient), in the sender's dtype, with requires_grad as the sender had it.
-/// For gradients, `like` are the activations sent: each gradient's shape must be its activation's.
-inline std::vector<at::Tensor> finish_recv(ProcessGroupPtr& pg, PendingRecv& r, std::chrono::milliseconds timeout,
-                                           const std::vector<at::Tensor>& like = {})
+}  // namespace mpx::detail
+
+namespace mpx
+{
+MPX_DECL std::vector<at::Tensor> finish_recv(ProcessGroupPtr& pg, PendingRecv& r, std::chrono::milliseconds timeout,
+                                           const std::vector<at::Tensor>& like)
 {
   using namespace detail;
   if (r.error) std::rethrow_exception(r.error);
@@ -136,3 +162,4 @@ inline std::vector<at::Tensor> finish_recv(ProcessGroupPtr& pg, PendingRecv& r, 
 }
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

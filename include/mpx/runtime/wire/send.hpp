@@ -9,6 +9,7 @@
 #include <mpx/runtime/errors.hpp>       // mpx::config_error
 #include <mpx/runtime/wire/format.hpp>  // mpx::detail::encode_header, mpx::ChannelSize
 #include <mpx/runtime/world.hpp>        // mpx::ProcessGroupPtr
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::empty, torch::zeros
 
@@ -31,23 +32,7 @@ struct PendingSend
 namespace detail
 {
 /// The tensors as they travel: detached, floating ones in `wire` (unless kFloat), on `comm`, contiguous.
-inline std::vector<at::Tensor> wire_tensors(const std::vector<at::Tensor>& ts, int stage, at::ScalarType wire, torch::Device comm)
-{
-  if (ts.size() > std::size_t(max_fields))
-    throw config_error("mpx: a boundary has " + std::to_string(ts.size()) + " fields, more than the " + std::to_string(max_fields) +
-                       " the wire header holds; group them into fewer tensors");
-  std::vector<at::Tensor> out(ts.size());
-  for (std::size_t i = 0; i < ts.size(); ++i) {
-    if (!ts[i].defined()) continue;
-    if (ts[i].dim() > max_dims)
-      throw config_error("mpx: field " + std::to_string(i) + " of stage " + std::to_string(stage) + "'s boundary has " +
-                         std::to_string(ts[i].dim()) + " dims, more than " + std::to_string(max_dims) + "; reshape it");
-    at::Tensor x = ts[i].detach();
-    if (wire != at::kFloat && x.is_floating_point() && x.scalar_type() != wire) x = x.to(wire);
-    out[i] = x.to(comm).contiguous();
-  }
-  return out;
-}
+MPX_DECL std::vector<at::Tensor> wire_tensors(const std::vector<at::Tensor>& ts, int stage, at::ScalarType wire, torch::Device comm);
 
 /// A boundary message before it travels: its header, the tensors as they travel, their packed size.
 struct OutgoingMessage
@@ -57,14 +42,7 @@ struct OutgoingMessage
   std::int64_t bytes = 0;  ///< the payload packed (each tensor aligned)
 };
 
-inline OutgoingMessage make_message(int stage, int mb, bool gradient, const std::vector<at::Tensor>& ts, at::ScalarType wire, torch::Device comm)
-{
-  OutgoingMessage m;
-  m.payload = wire_tensors(ts, stage, wire, comm);
-  m.header = torch::zeros({header_size}, torch::kLong);
-  m.bytes = encode_header(m.header.data_ptr<std::int64_t>(), stage, mb, gradient, ts, m.payload);
-  return m;
-}
+MPX_DECL OutgoingMessage make_message(int stage, int mb, bool gradient, const std::vector<at::Tensor>& ts, at::ScalarType wire, torch::Device comm);
 
 /// The packed message's bytes in order — header, then each tensor at an aligned offset — as calls
 /// put(source, n) (a null source: n bytes of padding, any value).
@@ -83,7 +61,53 @@ void for_each_packed_piece(const OutgoingMessage& m, Put&& put)
 }
 
 /// One message of header and payload, packed (`m.header`'s packed-bytes field set).
-inline at::Tensor pack_message(const OutgoingMessage& m)
+MPX_DECL at::Tensor pack_message(const OutgoingMessage& m);
+}  // namespace detail
+
+/// Sends a list of tensors (a boundary value or its gradients) to `dst` on `channel`. `stage` is the stage
+/// whose input the message is (the consumer for activations, the producer for gradients). An undefined
+/// tensor marks a field without a gradient: header only. `wire` (kFloat when none) is the dtype floating
+/// tensors travel in (WireCompression). With `size` (the channel's record at this end; CPU tensors only),
+/// a payload that fits the receiver's room travels packed in the header's message.
+MPX_DECL PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int stage, int mb, bool gradient,
+                                const std::vector<at::Tensor>& ts, at::ScalarType wire, std::string what,
+                                torch::Device comm = torch::kCPU, ChannelSize* size = nullptr);
+
+}  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::detail
+{
+MPX_DECL std::vector<at::Tensor> wire_tensors(const std::vector<at::Tensor>& ts, int stage, at::ScalarType wire, torch::Device comm)
+{
+  if (ts.size() > std::size_t(max_fields))
+    throw config_error("mpx: a boundary has " + std::to_string(ts.size()) + " fields, more than the " + std::to_string(max_fields) +
+                       " the wire header holds; group them into fewer tensors");
+  std::vector<at::Tensor> out(ts.size());
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    if (!ts[i].defined()) continue;
+    if (ts[i].dim() > max_dims)
+      throw config_error("mpx: field " + std::to_string(i) + " of stage " + std::to_string(stage) + "'s boundary has " +
+                         std::to_string(ts[i].dim()) + " dims, more than " + std::to_string(max_dims) + "; reshape it");
+    at::Tensor x = ts[i].detach();
+    if (wire != at::kFloat && x.is_floating_point() && x.scalar_type() != wire) x = x.to(wire);
+    out[i] = x.to(comm).contiguous();
+  }
+  return out;
+}
+
+MPX_DECL OutgoingMessage make_message(int stage, int mb, bool gradient, const std::vector<at::Tensor>& ts, at::ScalarType wire, torch::Device comm)
+{
+  OutgoingMessage m;
+  m.payload = wire_tensors(ts, stage, wire, comm);
+  m.header = torch::zeros({header_size}, torch::kLong);
+  m.bytes = encode_header(m.header.data_ptr<std::int64_t>(), stage, mb, gradient, ts, m.payload);
+  return m;
+}
+
+MPX_DECL at::Tensor pack_message(const OutgoingMessage& m)
 {
   auto msg = torch::empty({header_bytes + m.bytes}, torch::kByte);
   auto* out = msg.data_ptr<std::uint8_t>();
@@ -93,16 +117,14 @@ inline at::Tensor pack_message(const OutgoingMessage& m)
   });
   return msg;
 }
-}  // namespace detail
 
-/// Sends a list of tensors (a boundary value or its gradients) to `dst` on `channel`. `stage` is the stage
-/// whose input the message is (the consumer for activations, the producer for gradients). An undefined
-/// tensor marks a field without a gradient: header only. `wire` (kFloat when none) is the dtype floating
-/// tensors travel in (WireCompression). With `size` (the channel's record at this end; CPU tensors only),
-/// a payload that fits the receiver's room travels packed in the header's message.
-inline PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int stage, int mb, bool gradient,
+}  // namespace mpx::detail
+
+namespace mpx
+{
+MPX_DECL PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int stage, int mb, bool gradient,
                                 const std::vector<at::Tensor>& ts, at::ScalarType wire, std::string what,
-                                torch::Device comm = torch::kCPU, ChannelSize* size = nullptr)
+                                torch::Device comm, ChannelSize* size)
 {
   using namespace detail;
   PendingSend p;
@@ -129,3 +151,4 @@ inline PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int s
 }
 
 }  // namespace mpx
+#endif  // MPX_DEFINITIONS

@@ -27,6 +27,7 @@
 /// later one.
 
 #include <mpx/runtime/errors.hpp>  // mpx::peer_error, mpx::config_error
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::empty
 
@@ -73,17 +74,9 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std
               "mpx: the shared-memory ring needs lock-free atomics (address-free across processes)");
 inline constexpr std::size_t ring_data_offset = 4096;
 
-inline long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t val, const timespec* t)
-{
-  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, val, t, nullptr, 0);
-}
+MPX_DECL long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t val, const timespec* t);
 
-inline void cpu_relax()
-{
-#if defined(__SSE2__)
-  _mm_pause();
-#endif
-}
+MPX_DECL void cpu_relax();
 
 /// Whether the process `pid` exists (0: not known yet, which counts as alive).
 inline bool process_alive(std::int32_t pid) { return pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH; }
@@ -124,33 +117,13 @@ void shm_wait(Ready&& ready, std::atomic<std::uint32_t>& seq, std::atomic<std::u
 
 /// The other side of `shm_wait`, after publishing what a waiter waits for: bumps the futex word `seq` and
 /// wakes whoever sleeps on it (only when `sleepers` says someone does: a wake is a system call).
-inline void shm_wake(std::atomic<std::uint32_t>& seq, const std::atomic<std::uint32_t>& sleepers)
-{
-  seq.fetch_add(1, std::memory_order_seq_cst);
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // the bump before the count's load (the other side: shm_wait)
-  if (sleepers.load(std::memory_order_seq_cst)) futex(&seq, FUTEX_WAKE, INT_MAX, nullptr);
-}
+MPX_DECL void shm_wake(std::atomic<std::uint32_t>& seq, const std::atomic<std::uint32_t>& sleepers);
 
 /// Opens the POSIX shared-memory segment `name` (creating it zero-filled if it is not there yet: both ends
 /// open by name, whichever comes first creates) and maps `bytes` of it with the pages allocated, so a
 /// /dev/shm without room is a `config_error` here, not a SIGBUS at a later touch. `what` names the
 /// segment's use in errors, `off` how to do without shared memory, `smaller` how to need less of it.
-inline void* map_shm_segment(const std::string& name, std::size_t bytes, const std::string& what, const std::string& off, const std::string& smaller)
-{
-  const auto fail = [&](const std::string& doing, int err, const std::string& more) {
-    return config_error("mpx: " + doing + " " + name + " (" + std::strerror(err) + ") for " + what + "; " + off + more);
-  };
-  const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
-  if (fd < 0) throw fail("cannot open the shared-memory segment", errno, "");
-  const int full = ::ftruncate(fd, off_t(bytes)) == 0 ? ::posix_fallocate(fd, 0, off_t(bytes)) : errno;
-  void* p = full == 0 ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0) : MAP_FAILED;
-  const int err = full != 0 ? full : errno;
-  ::close(fd);
-  if (p == MAP_FAILED)
-    throw fail("cannot place " + std::to_string(bytes) + " bytes in /dev/shm as", err,
-               " (or free /dev/shm, give the container more of it, e.g. docker --shm-size, or " + smaller + ")");
-  return p;
-}
+MPX_DECL void* map_shm_segment(const std::string& name, std::size_t bytes, const std::string& what, const std::string& off, const std::string& smaller);
 }  // namespace detail
 
 class ShmRing
@@ -166,26 +139,10 @@ class ShmRing
 
   /// Opens (creating if needed) the ring `name` of `capacity` data bytes (a power of two) at one end;
   /// `peer` names the other end in errors.
-  ShmRing(std::string name, std::uint64_t capacity, End end, std::string peer, std::chrono::milliseconds timeout, std::chrono::microseconds spin)
-      : name_(std::move(name)), capacity_(capacity), end_(end), peer_(std::move(peer)), timeout_(timeout), spin_(spin)
-  {
-    if (capacity_ < min_capacity || (capacity_ & (capacity_ - 1)) != 0)
-      throw config_error("mpx: a shared-memory ring of " + std::to_string(capacity_) + " bytes: MPX_SHM_RING_KB must be a power of two of at least 4");
-    void* p = detail::map_shm_segment(name_, detail::ring_data_offset + capacity_, "the channel to/from " + peer_,
-                                      "set MPX_SHM=0 to send pipeline messages over Gloo instead", "lower MPX_SHM_RING_KB");
-    base_ = static_cast<std::uint8_t*>(p);
-    ctl_ = reinterpret_cast<detail::ShmRingControl*>(base_);
-    data_ = base_ + detail::ring_data_offset;
-    (end_ == End::sender ? ctl_->sender_pid : ctl_->receiver_pid).store(std::int32_t(::getpid()), std::memory_order_release);
-    if (ctl_->opened.fetch_add(1, std::memory_order_acq_rel) == 1) unlink();  // both ends have it: the name can go
-  }
+  ShmRing(std::string name, std::uint64_t capacity, End end, std::string peer, std::chrono::milliseconds timeout, std::chrono::microseconds spin);
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;
-  ~ShmRing()
-  {
-    ::munmap(base_, detail::ring_data_offset + capacity_);
-    if (end_ == End::receiver && !unlinked_) unlink();  // only the receiver: a sender gone first must not take unread frames with it
-  }
+  ~ShmRing();
 
   /// Writes a frame of `bytes` message bytes that `fill(put)` copies in, calling put(source, n) in order,
   /// if it fits the free space less a reserve of capacity / 16 (room for capacity / 128 "over the group"
@@ -205,72 +162,20 @@ class ShmRing
 
   /// Writes a frame saying that a message of `bytes` goes over the group (waits only if the ring holds
   /// more than capacity / 128 unread frames).
-  void write_over_group(std::uint64_t bytes, const std::string& what)
-  {
-    const std::uint64_t w = ctl_->written.load(std::memory_order_relaxed);
-    wait_until([&] { return capacity_ - (w - ctl_->read.load(std::memory_order_acquire)) >= 8; }, ctl_->read_seq, ctl_->writer_sleeping,
-               ctl_->receiver_pid, what + ": the shared-memory ring is full (the receiver takes nothing)");
-    std::uint64_t at = w;
-    const std::uint64_t word = over_group | bytes;
-    copy_in(at, &word, 8);
-    publish(w + 8);
-  }
+  void write_over_group(std::uint64_t bytes, const std::string& what);
 
   /// The next frame: a message as a fresh byte tensor (`over` false), or the length of one that comes
   /// over the group (`over` true, an empty tensor). Waits for it (see the file comment).
-  at::Tensor read(bool& over, std::uint64_t& over_bytes, const std::string& what)
-  {
-    const std::uint64_t r = ctl_->read.load(std::memory_order_relaxed);
-    wait_until([&] { return ctl_->written.load(std::memory_order_acquire) - r >= 8; }, ctl_->written_seq, ctl_->reader_sleeping,
-               ctl_->sender_pid, what + ": nothing arrived");
-    std::uint64_t word = 0, at = r;
-    copy_out(at, &word, 8);
-    over = (word & over_group) != 0;
-    const std::uint64_t bytes = word & ~over_group;
-    const std::uint64_t avail = ctl_->written.load(std::memory_order_acquire) - r;
-    if (over) {
-      if (bytes > (std::uint64_t(1) << 40)) throw peer_error(what + ": the shared-memory ring " + name_ + " announces a message of " + std::to_string(bytes) + " bytes (corrupt); restart the run");
-      over_bytes = bytes;
-      consume(r + 8);
-      return {};
-    }
-    if (bytes > capacity_ || 8 + pad(bytes) > avail)
-      throw peer_error(what + ": the shared-memory ring " + name_ + " holds a frame of " + std::to_string(bytes) +
-                       " bytes that it cannot hold (corrupt, or written by another program); restart the run");
-    at::Tensor msg = torch::empty({std::int64_t(bytes)}, torch::kByte);
-    copy_out(at, msg.data_ptr<std::uint8_t>(), bytes);
-    consume(r + 8 + pad(bytes));
-    return msg;
-  }
+  at::Tensor read(bool& over, std::uint64_t& over_bytes, const std::string& what);
 
  private:
   static std::uint64_t pad(std::uint64_t n) { return (n + 7) & ~std::uint64_t(7); }
 
-  void copy_in(std::uint64_t& at, const void* src, std::uint64_t n)
-  {
-    const std::uint64_t off = at & (capacity_ - 1), first = std::min(n, capacity_ - off);
-    if (n) std::memcpy(data_ + off, src, first);
-    if (first < n) std::memcpy(data_, static_cast<const std::uint8_t*>(src) + first, n - first);
-    at += n;
-  }
-  void copy_out(std::uint64_t& at, void* dst, std::uint64_t n) const
-  {
-    const std::uint64_t off = at & (capacity_ - 1), first = std::min(n, capacity_ - off);
-    if (n) std::memcpy(dst, data_ + off, first);
-    if (first < n) std::memcpy(static_cast<std::uint8_t*>(dst) + first, data_, n - first);
-    at += n;
-  }
+  void copy_in(std::uint64_t& at, const void* src, std::uint64_t n);
+  void copy_out(std::uint64_t& at, void* dst, std::uint64_t n) const;
 
-  void publish(std::uint64_t w)
-  {
-    ctl_->written.store(w, std::memory_order_release);
-    detail::shm_wake(ctl_->written_seq, ctl_->reader_sleeping);
-  }
-  void consume(std::uint64_t r)
-  {
-    ctl_->read.store(r, std::memory_order_release);
-    detail::shm_wake(ctl_->read_seq, ctl_->writer_sleeping);
-  }
+  void publish(std::uint64_t w);
+  void consume(std::uint64_t r);
 
   /// Waits until `ready()` (detail::shm_wait), checking the peer process (`peer_pid`) every 20 ms.
   template <class Ready>
@@ -283,11 +188,7 @@ class ShmRing
     }, [&] { throw peer_error(what + " from " + peer_ + " within " + std::to_string(timeout_.count()) + " ms (a stopped or stuck peer)"); });
   }
 
-  void unlink()
-  {
-    ::shm_unlink(name_.c_str());  // ENOENT: already gone
-    unlinked_ = true;
-  }
+  void unlink();
 
   std::string name_;
   std::uint64_t capacity_;
@@ -302,3 +203,144 @@ class ShmRing
 };
 
 }  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx::detail
+{
+
+MPX_DECL long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t val, const timespec* t)
+{
+  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, val, t, nullptr, 0);
+}
+
+MPX_DECL void cpu_relax()
+{
+#if defined(__SSE2__)
+  _mm_pause();
+#endif
+}
+
+MPX_DECL void shm_wake(std::atomic<std::uint32_t>& seq, const std::atomic<std::uint32_t>& sleepers)
+{
+  seq.fetch_add(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // the bump before the count's load (the other side: shm_wait)
+  if (sleepers.load(std::memory_order_seq_cst)) futex(&seq, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+MPX_DECL void* map_shm_segment(const std::string& name, std::size_t bytes, const std::string& what, const std::string& off, const std::string& smaller)
+{
+  const auto fail = [&](const std::string& doing, int err, const std::string& more) {
+    return config_error("mpx: " + doing + " " + name + " (" + std::strerror(err) + ") for " + what + "; " + off + more);
+  };
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
+  if (fd < 0) throw fail("cannot open the shared-memory segment", errno, "");
+  const int full = ::ftruncate(fd, off_t(bytes)) == 0 ? ::posix_fallocate(fd, 0, off_t(bytes)) : errno;
+  void* p = full == 0 ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0) : MAP_FAILED;
+  const int err = full != 0 ? full : errno;
+  ::close(fd);
+  if (p == MAP_FAILED)
+    throw fail("cannot place " + std::to_string(bytes) + " bytes in /dev/shm as", err,
+               " (or free /dev/shm, give the container more of it, e.g. docker --shm-size, or " + smaller + ")");
+  return p;
+}
+
+}  // namespace mpx::detail
+
+namespace mpx
+{
+
+MPX_DECL ShmRing::ShmRing(std::string name, std::uint64_t capacity, End end, std::string peer,
+                          std::chrono::milliseconds timeout, std::chrono::microseconds spin)
+    : name_(std::move(name)), capacity_(capacity), end_(end), peer_(std::move(peer)), timeout_(timeout), spin_(spin)
+{
+  if (capacity_ < min_capacity || (capacity_ & (capacity_ - 1)) != 0)
+    throw config_error("mpx: a shared-memory ring of " + std::to_string(capacity_) + " bytes: MPX_SHM_RING_KB must be a power of two of at least 4");
+  void* p = detail::map_shm_segment(name_, detail::ring_data_offset + capacity_, "the channel to/from " + peer_,
+                                    "set MPX_SHM=0 to send pipeline messages over Gloo instead", "lower MPX_SHM_RING_KB");
+  base_ = static_cast<std::uint8_t*>(p);
+  ctl_ = reinterpret_cast<detail::ShmRingControl*>(base_);
+  data_ = base_ + detail::ring_data_offset;
+  (end_ == End::sender ? ctl_->sender_pid : ctl_->receiver_pid).store(std::int32_t(::getpid()), std::memory_order_release);
+  if (ctl_->opened.fetch_add(1, std::memory_order_acq_rel) == 1) unlink();  // both ends have it: the name can go
+}
+
+MPX_DECL ShmRing::~ShmRing()
+{
+  ::munmap(base_, detail::ring_data_offset + capacity_);
+  if (end_ == End::receiver && !unlinked_) unlink();  // only the receiver: a sender gone first must not take unread frames with it
+}
+
+MPX_DECL void ShmRing::write_over_group(std::uint64_t bytes, const std::string& what)
+{
+  const std::uint64_t w = ctl_->written.load(std::memory_order_relaxed);
+  wait_until([&] { return capacity_ - (w - ctl_->read.load(std::memory_order_acquire)) >= 8; }, ctl_->read_seq, ctl_->writer_sleeping,
+             ctl_->receiver_pid, what + ": the shared-memory ring is full (the receiver takes nothing)");
+  std::uint64_t at = w;
+  const std::uint64_t word = over_group | bytes;
+  copy_in(at, &word, 8);
+  publish(w + 8);
+}
+
+MPX_DECL at::Tensor ShmRing::read(bool& over, std::uint64_t& over_bytes, const std::string& what)
+{
+  const std::uint64_t r = ctl_->read.load(std::memory_order_relaxed);
+  wait_until([&] { return ctl_->written.load(std::memory_order_acquire) - r >= 8; }, ctl_->written_seq, ctl_->reader_sleeping,
+             ctl_->sender_pid, what + ": nothing arrived");
+  std::uint64_t word = 0, at = r;
+  copy_out(at, &word, 8);
+  over = (word & over_group) != 0;
+  const std::uint64_t bytes = word & ~over_group;
+  const std::uint64_t avail = ctl_->written.load(std::memory_order_acquire) - r;
+  if (over) {
+    if (bytes > (std::uint64_t(1) << 40)) throw peer_error(what + ": the shared-memory ring " + name_ + " announces a message of " + std::to_string(bytes) + " bytes (corrupt); restart the run");
+    over_bytes = bytes;
+    consume(r + 8);
+    return {};
+  }
+  if (bytes > capacity_ || 8 + pad(bytes) > avail)
+    throw peer_error(what + ": the shared-memory ring " + name_ + " holds a frame of " + std::to_string(bytes) +
+                     " bytes that it cannot hold (corrupt, or written by another program); restart the run");
+  at::Tensor msg = torch::empty({std::int64_t(bytes)}, torch::kByte);
+  copy_out(at, msg.data_ptr<std::uint8_t>(), bytes);
+  consume(r + 8 + pad(bytes));
+  return msg;
+}
+
+MPX_DECL void ShmRing::copy_in(std::uint64_t& at, const void* src, std::uint64_t n)
+{
+  const std::uint64_t off = at & (capacity_ - 1), first = std::min(n, capacity_ - off);
+  if (n) std::memcpy(data_ + off, src, first);
+  if (first < n) std::memcpy(data_, static_cast<const std::uint8_t*>(src) + first, n - first);
+  at += n;
+}
+
+MPX_DECL void ShmRing::copy_out(std::uint64_t& at, void* dst, std::uint64_t n) const
+{
+  const std::uint64_t off = at & (capacity_ - 1), first = std::min(n, capacity_ - off);
+  if (n) std::memcpy(dst, data_ + off, first);
+  if (first < n) std::memcpy(static_cast<std::uint8_t*>(dst) + first, data_, n - first);
+  at += n;
+}
+
+MPX_DECL void ShmRing::publish(std::uint64_t w)
+{
+  ctl_->written.store(w, std::memory_order_release);
+  detail::shm_wake(ctl_->written_seq, ctl_->reader_sleeping);
+}
+
+MPX_DECL void ShmRing::consume(std::uint64_t r)
+{
+  ctl_->read.store(r, std::memory_order_release);
+  detail::shm_wake(ctl_->read_seq, ctl_->writer_sleeping);
+}
+
+MPX_DECL void ShmRing::unlink()
+{
+  ::shm_unlink(name_.c_str());  // ENOENT: already gone
+  unlinked_ = true;
+}
+
+}  // namespace mpx
+#endif  // MPX_DEFINITIONS

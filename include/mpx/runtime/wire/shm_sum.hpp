@@ -21,6 +21,7 @@
 
 #include <mpx/runtime/errors.hpp>           // mpx::peer_error, mpx::config_error
 #include <mpx/runtime/wire/shm_ring.hpp>    // mpx::detail::map_shm_segment, shm_wait, shm_wake, process_alive
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <sys/mman.h>  // munmap, shm_unlink
 
@@ -59,38 +60,13 @@ class ShmSum
   static constexpr int max_values = detail::shm_sum_values;
 
   /// Opens (creating if needed) the segment `name` for `ranks` ranks, as `rank`.
-  ShmSum(std::string name, int ranks, int rank, std::chrono::milliseconds timeout, std::chrono::microseconds spin)
-      : name_(std::move(name)), ranks_(ranks), rank_(rank), timeout_(timeout), spin_(spin)
-  {
-    if (ranks_ < 1 || rank_ < 0 || rank_ >= ranks_)
-      throw config_error("mpx: ShmSum: rank " + std::to_string(rank_) + " of " + std::to_string(ranks_) + " ranks does not exist");
-    base_ = detail::map_shm_segment(name_, bytes(), "the end-of-step sum over the world", "set MPX_SHM=0 to reduce over Gloo instead", "set MPX_SHM=0");
-    header_ = static_cast<detail::ShmSumHeader*>(base_);
-    slots_ = reinterpret_cast<detail::ShmSumSlot*>(static_cast<char*>(base_) + sizeof(detail::ShmSumHeader));
-    slots_[rank_].pid.store(std::int32_t(::getpid()), std::memory_order_release);
-    if (header_->opened.fetch_add(1, std::memory_order_acq_rel) + 1 == std::uint32_t(ranks_)) unlink();  // all have it: the name can go
-  }
+  ShmSum(std::string name, int ranks, int rank, std::chrono::milliseconds timeout, std::chrono::microseconds spin);
   ShmSum(const ShmSum&) = delete;
   ShmSum& operator=(const ShmSum&) = delete;
-  ~ShmSum()
-  {
-    ::munmap(base_, bytes());
-    if (!unlinked_) unlink();  // ENOENT: another rank did it
-  }
+  ~ShmSum();
 
   /// This rank's `n` numbers for the next round; returns at once.
-  void arrive(const double* v, int n)
-  {
-    if (n < 0 || n > max_values) throw config_error("mpx: ShmSum: " + std::to_string(n) + " numbers; a round sums at most " + std::to_string(max_values));
-    if (arrived_) throw config_error("mpx: ShmSum::arrive twice without finish");
-    auto& me = slots_[rank_];
-    const std::uint64_t r = round_ + 1;
-    for (int i = 0; i < n; ++i) me.values[r & 1][i] = v[i];
-    me.round.store(r, std::memory_order_release);
-    detail::shm_wake(header_->arrivals, header_->sleepers);
-    arrived_ = true;
-    n_ = n;
-  }
+  void arrive(const double* v, int n);
 
   /// Waits until every rank has arrived at this round and writes the sums of their numbers (in rank order:
   /// the same on every rank) to `out`. `what()` names the round in errors (a string, made only for one).
@@ -117,11 +93,7 @@ class ShmSum
 
  private:
   std::size_t bytes() const { return sizeof(detail::ShmSumHeader) + std::size_t(ranks_) * sizeof(detail::ShmSumSlot); }
-  void unlink()
-  {
-    ::shm_unlink(name_.c_str());
-    unlinked_ = true;
-  }
+  void unlink();
 
   template <class What>
   void check_alive(std::uint64_t r, What& what) const
@@ -132,13 +104,7 @@ class ShmSum
         throw peer_error(what() + ": rank " + std::to_string(k) + "'s process (pid " + std::to_string(pid) + ") has exited");
     }
   }
-  std::string missing(std::uint64_t r) const
-  {
-    std::string s;
-    for (int k = 0; k < ranks_; ++k)
-      if (slots_[k].round.load(std::memory_order_acquire) < r) s += (s.empty() ? "rank " : ", ") + std::to_string(k);
-    return s.empty() ? "a rank" : s;
-  }
+  std::string missing(std::uint64_t r) const;
 
   std::string name_;
   int ranks_, rank_;
@@ -153,3 +119,57 @@ class ShmSum
 };
 
 }  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+
+namespace mpx
+{
+
+MPX_DECL ShmSum::ShmSum(std::string name, int ranks, int rank, std::chrono::milliseconds timeout, std::chrono::microseconds spin)
+    : name_(std::move(name)), ranks_(ranks), rank_(rank), timeout_(timeout), spin_(spin)
+{
+  if (ranks_ < 1 || rank_ < 0 || rank_ >= ranks_)
+    throw config_error("mpx: ShmSum: rank " + std::to_string(rank_) + " of " + std::to_string(ranks_) + " ranks does not exist");
+  base_ = detail::map_shm_segment(name_, bytes(), "the end-of-step sum over the world", "set MPX_SHM=0 to reduce over Gloo instead", "set MPX_SHM=0");
+  header_ = static_cast<detail::ShmSumHeader*>(base_);
+  slots_ = reinterpret_cast<detail::ShmSumSlot*>(static_cast<char*>(base_) + sizeof(detail::ShmSumHeader));
+  slots_[rank_].pid.store(std::int32_t(::getpid()), std::memory_order_release);
+  if (header_->opened.fetch_add(1, std::memory_order_acq_rel) + 1 == std::uint32_t(ranks_)) unlink();  // all have it: the name can go
+}
+
+MPX_DECL ShmSum::~ShmSum()
+{
+  ::munmap(base_, bytes());
+  if (!unlinked_) unlink();  // ENOENT: another rank did it
+}
+
+MPX_DECL void ShmSum::arrive(const double* v, int n)
+{
+  if (n < 0 || n > max_values) throw config_error("mpx: ShmSum: " + std::to_string(n) + " numbers; a round sums at most " + std::to_string(max_values));
+  if (arrived_) throw config_error("mpx: ShmSum::arrive twice without finish");
+  auto& me = slots_[rank_];
+  const std::uint64_t r = round_ + 1;
+  for (int i = 0; i < n; ++i) me.values[r & 1][i] = v[i];
+  me.round.store(r, std::memory_order_release);
+  detail::shm_wake(header_->arrivals, header_->sleepers);
+  arrived_ = true;
+  n_ = n;
+}
+
+MPX_DECL void ShmSum::unlink()
+{
+  ::shm_unlink(name_.c_str());
+  unlinked_ = true;
+}
+
+MPX_DECL std::string ShmSum::missing(std::uint64_t r) const
+{
+  std::string s;
+  for (int k = 0; k < ranks_; ++k)
+    if (slots_[k].round.load(std::memory_order_acquire) < r) s += (s.empty() ? "rank " : ", ") + std::to_string(k);
+  return s.empty() ? "a rank" : s;
+}
+
+}  // namespace mpx
+#endif  // MPX_DEFINITIONS
