@@ -80,11 +80,11 @@ source benchmarks/results_file.sh && keep_earlier "$out"
   echo "| downstream, header-only | mpx's: <torch/torch.h> + <mpx/mpx.hpp> | ${t[downstream_mpx_pch]} | $(ratio "${t[downstream_mpx_pch]}" "${t[torch_only_pch]}") |"
   echo "| downstream, mpx::compiled | mpx's: <torch/torch.h> + <mpx/mpx.hpp> | ${t[compiled_mpx_pch]} | $(ratio "${t[compiled_mpx_pch]}" "${t[torch_only_pch]}") |"
   echo
-  for mode in "header-only:report" "mpx::compiled:report_compiled"; do
-    echo "Downstream ${mode%%:*}, no precompiled header, \`-ftime-report\` (its phases):"
+  for mode in "header-only|report" "on mpx::compiled|report_compiled"; do
+    echo "Downstream ${mode%%|*}, no precompiled header, \`-ftime-report\` (its phases):"
     echo
     echo '```'
-    grep -E "^ (phase |TOTAL|template instantiation|callgraph ipa passes|preprocessing)" "$work/${mode##*:}.txt" || true
+    grep -E "^ (phase |TOTAL|template instantiation|callgraph ipa passes|preprocessing)" "$work/${mode##*|}.txt" || true
     echo '```'
     echo
   done
