@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <nlohmann/json.hpp>
 
 namespace
 {

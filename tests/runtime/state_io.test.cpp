@@ -6,6 +6,7 @@
 #include "support/scratch_dir.hpp"
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 namespace
 {

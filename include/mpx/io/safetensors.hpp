@@ -15,7 +15,7 @@
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
 #include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
-#include <nlohmann/json.hpp>  // nlohmann::json
+#include <nlohmann/json_fwd.hpp>  // nlohmann::json (declared; defined below, for the definitions)
 #include <torch/torch.h>      // at::Tensor, torch::from_blob
 
 #include <fcntl.h>     // open
@@ -76,6 +76,7 @@ MPX_DECL void save_safetensors(const std::string& path, const std::map<std::stri
 
 #if MPX_DEFINITIONS
 // ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+#include <nlohmann/json.hpp>  // nlohmann::json
 
 namespace mpx::detail
 {

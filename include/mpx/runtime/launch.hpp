@@ -51,6 +51,7 @@ MPX_DECL int relaunch_self(int nproc, int argc, char** argv, int max_restarts = 
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
 #include <mpx/runtime/env.hpp>     // mpx::read_env
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
 

@@ -50,7 +50,7 @@
 #include <mpx/tp/layers.hpp>                 // mpx::tp::Split, join, shard
 #include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
-#include <nlohmann/json.hpp>  // nlohmann::json
+#include <nlohmann/json_fwd.hpp>  // nlohmann::json (declared; defined below, for the definitions)
 #include <torch/csrc/distributed/c10d/HashStore.hpp>  // c10d::HashStore (a one-process checkpoint's store)
 #include <torch/torch.h>      // at::detail::getDefaultCPUGenerator
 #define XXH_INLINE_ALL
@@ -342,6 +342,7 @@ MPX_DECL void export_checkpoint_weights(const std::string& path, const std::stri
 
 #if MPX_DEFINITIONS
 // ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+#include <nlohmann/json.hpp>  // nlohmann::json
 
 namespace mpx::detail
 {

@@ -61,6 +61,7 @@ class TraceRecorder
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
 #include <nlohmann/json.hpp>  // nlohmann::json
 
 #include <fstream>  // std::ofstream
