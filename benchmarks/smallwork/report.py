@@ -9,6 +9,7 @@ split-ms whole-ms": what zbh1's measured split chose) and trace_<m>_<k>.json
 import collections
 import glob
 import json
+import os
 import statistics
 import sys
 
@@ -16,6 +17,7 @@ work, ms = sys.argv[1], [int(m) for m in sys.argv[2:]]
 MODES = ["whole", "accumulate", "gpipe", "1f1b", "1f1b-gloo", "1f1b-overlap", "1f1b-torch-adamw", "zbh1", "zbh1-split", "handwritten", "py-gpipe", "py-1f1b"]
 MPX = ["gpipe", "1f1b", "1f1b-gloo", "1f1b-overlap", "1f1b-torch-adamw", "zbh1", "zbh1-split"]
 med = statistics.median
+PER, UNIT = int(os.environ.get("SW_PER", "8")), os.environ.get("SW_UNIT", "rows")  # a micro-batch's size (run.sh's MODEL)
 
 raw = collections.defaultdict(dict)  # (m, mode) -> {round: seconds}
 for line in open(f"{work}/raw.txt"):
@@ -49,7 +51,7 @@ print("Ratios are step-time ratios within a round, then the median over the roun
       "'vs 1F1B' divides by mpx 1F1B's step; 'speed-up' is one process accumulating m micro-batches divided by the contender.")
 print()
 for m in ms:
-    print(f"### m = {m} ({8 * m} rows per step)")
+    print(f"### m = {m} ({PER * m} {UNIT} per step)")
     print()
     print("| contender | step (ms) | vs mpx 1F1B | speed-up over one process (accumulating) | over one process (whole batch) |")
     print("|---|---|---|---|---|")
@@ -60,6 +62,24 @@ for m in ms:
         print(f"| {mode} | {t:.2f} | {paired(m, mode, '1f1b'):.3f} | {1 / paired(m, mode, 'accumulate'):.3f} | "
               f"{1 / paired(m, mode, 'whole'):.3f} |")
     print()
+
+print("## The bound: what any two-rank pipeline can reach against the whole batch")
+print()
+print("A pipeline runs micro-batches, so its work is one process's accumulating run, shared by the ranks and "
+      "stretched by the bubble: with two ranks of equal stages and no overhead at all, 1F1B's step is accumulate x "
+      "(m + 1) / (2 m). Where that is longer than the whole batch, no two-rank pipeline of this micro-batch size "
+      "beats one process: micro-batching costs that process more than a second rank gives. Paired within each round, "
+      "medians over the rounds.")
+print()
+print("| m | accumulate / whole | ideal 1F1B / whole | measured mpx 1F1B / whole | mpx 1F1B / ideal |")
+print("|---|---|---|---|---|")
+for m in ms:
+    if (m, "whole") not in raw or (m, "accumulate") not in raw:
+        continue
+    ideal = (m + 1) / (2 * m)
+    print(f"| {m} | {paired(m, 'accumulate', 'whole'):.3f} | {paired(m, 'accumulate', 'whole') * ideal:.3f} | "
+          f"{paired(m, '1f1b', 'whole'):.3f} | {paired(m, '1f1b', 'accumulate') / ideal:.3f} |")
+print()
 
 print("## ZB-H1's measured split")
 print()

@@ -10,16 +10,29 @@
 # that the shared machine's noise hits all alike; the report gives paired ratios (within a round, then the
 # median over rounds), mpx's time split per rank, and the per-action costs read from the last step's trace of 5 1F1B runs.
 # Writes benchmarks/results/smallwork_<host>_<date>.md.
+# MODEL=vlm measures the issue's model instead: a 2-stage moondream-architecture model (vision | text, vlm_bench.cpp;
+# micro-batches of 2 samples) against one process, whole and accumulating (no hand-written or Python contender: they
+# have no moondream), and writes benchmarks/results/smallwork_vlm_<host>_<date>.md.
 #   benchmarks/smallwork/run.sh [build-dir] [rounds] [steps]     (MS="2 4" to run fewer m; RESULTS_DIR=... elsewhere)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}; rounds=${2:-5}; steps=${3:-20}
 ms=${MS:-"2 4 8 16"}
-bench=$build/benchmarks/smallwork/smallwork_bench
+model=${MODEL:-linear}
+case $model in
+  linear) bench=$build/benchmarks/smallwork/smallwork_bench name=smallwork
+          modes=(whole accumulate gpipe 1f1b 1f1b-gloo 1f1b-overlap 1f1b-torch-adamw zbh1 zbh1-split handwritten py-gpipe py-1f1b)
+          export SW_PER=8 SW_UNIT=rows
+          describe="2 x 4 layers of Linear 512x512 + GELU, AdamW (lr 1e-4), loss mean(y^2); micro-batches of 8 rows, m per step; one intra-op thread per rank; clipping off" ;;
+  vlm) bench=$build/benchmarks/smallwork/smallwork_vlm_bench name=smallwork_vlm
+       modes=(whole accumulate gpipe 1f1b 1f1b-overlap zbh1 zbh1-split)
+       export SW_PER=2 SW_UNIT=samples
+       describe="moondream architecture, vision (2 ViT layers, width 64, 5 crops of 56 px) | text (2 layers, width 128, vocabulary 512, 41 positions, 12 supervised tokens per sample); AdamW (mpx::FusedAdamW in every contender, lr 1e-4), answer-token cross-entropy; micro-batches of 2 samples, m per step; one intra-op thread per rank; clipping off" ;;
+  *) echo "MODEL must be linear or vlm" >&2; exit 2 ;;
+esac
 mpxrun=$build/tools/mpxrun
 py=benchmarks/smallwork/python_pipeline.py
 python=${PYTHON:-/usr/bin/python3}  # Debian's, with python3-torch (a pyenv python3 first on PATH has no torch)
-modes=(whole accumulate gpipe 1f1b 1f1b-gloo 1f1b-overlap 1f1b-torch-adamw zbh1 zbh1-split handwritten py-gpipe py-1f1b)
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 work=$(mktemp -d)
 : > "$work/split.txt"
@@ -47,14 +60,16 @@ for ((r = 0; r < rounds; r++)); do
   done
 done
 for m in $ms; do for k in 1 2 3 4 5; do MPX_BENCH_TRACE="$work/trace_${m}_$k.json" run 1f1b "$m" > /dev/null; done; done  # per-action costs: 5 runs' last steps
-out=${RESULTS_DIR:-benchmarks/results}/smallwork_$(hostname -s)_$(date +%Y%m%d).md
+out=${RESULTS_DIR:-benchmarks/results}/${name}_$(hostname -s)_$(date +%Y%m%d).md
 source benchmarks/results_file.sh && keep_earlier "$out"
 {
-  echo "# Small work: mpx against one process, hand-written c10d and a Python loop"
+  if [ "$model" = vlm ]; then echo "# Small work, the issue's moondream-architecture model: mpx against one process"
+  else echo "# Small work: mpx against one process, hand-written c10d and a Python loop"; fi
   echo
   echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB"
-  echo "- LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null), $(g++ --version | head -n 1), Python torch $("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null); mpx: shared memory between its ranks (1f1b-gloo: Gloo over loopback), hand-written and Python: Gloo over loopback"
-  echo "- model: 2 x 4 layers of Linear 512x512 + GELU, AdamW (lr 1e-4), loss mean(y^2); micro-batches of 8 rows, m per step; one intra-op thread per rank; clipping off"
+  if [ "$model" = vlm ]; then echo "- LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null), $(g++ --version | head -n 1); mpx: shared memory between its ranks"
+  else echo "- LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null), $(g++ --version | head -n 1), Python torch $("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null); mpx: shared memory between its ranks (1f1b-gloo: Gloo over loopback), hand-written and Python: Gloo over loopback"; fi
+  echo "- model: $describe"
   echo "- each run: median step time over $steps steps after 2 warm-up steps (zbh1: 18, its 16 trial steps among them) (pipelines: the slower rank's); $rounds rounds, the contenders' order rotated each round"
   echo
   python3 benchmarks/smallwork/report.py "$work" $ms
