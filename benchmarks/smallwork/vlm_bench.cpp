@@ -14,6 +14,8 @@
 //   smallwork_vlm_bench MODE M [steps]
 #include "../../examples/moondream/model.hpp"  // moondream::Vision, Text, Moondream, Batch, answer_loss
 
+#include "steps.hpp"  // smallwork::run_steps, median
+
 #include <mpx/mpx.hpp>
 
 #include <algorithm>
@@ -68,11 +70,6 @@ moondream::Batch whole_batch(const std::vector<moondream::Batch>& mbs)
   return {cat(&moondream::Batch::crops), cat(&moondream::Batch::tiling), cat(&moondream::Batch::tokens), cat(&moondream::Batch::targets)};
 }
 
-double median(std::vector<double> v)
-{
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 int one_process(bool whole, int m, int steps)
 {
@@ -96,7 +93,7 @@ int one_process(bool whole, int m, int steps)
     opt.zero_grad();
     if (s >= 2) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::printf("result %s %.6f m %d\n", whole ? "whole" : "accumulate", median(t), m);
+  std::printf("result %s %.6f m %d\n", whole ? "whole" : "accumulate", smallwork::median(t), m);
   return 0;
 }
 
@@ -128,30 +125,10 @@ int pipelined(const std::string& name, int steps, int argc, char** argv, bool ov
   o.split_backward = split;
   const bool measures = std::is_same_v<Sched, mpx::ZBH1> && split == mpx::SplitBackward::measure;
   const int warm = measures ? 2 + 2 * o.split_trials : 2;
-  const char* trace = std::getenv("MPX_BENCH_TRACE");
-  o.trace = trace != nullptr;
+  o.trace = std::getenv("MPX_BENCH_TRACE") != nullptr;
   mpx::Trainer<P, moondream::Batch> trainer(world, make, [](const moondream::Batch& b) { return b.crops; }, moondream::answer_loss, o);
-  std::vector<double> t, sched, compute, wait, optim, rest;
   const auto batches = data(c, steps + warm, M);
-  for (int s = 0; s < steps + warm; ++s) {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto st = trainer.step(batches[std::size_t(s)]);
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s < warm) continue;
-    t.push_back(wall), sched.push_back(st.schedule_seconds), compute.push_back(st.compute_seconds), wait.push_back(st.wait_seconds);
-    optim.push_back(st.optimizer_seconds), rest.push_back(wall - st.schedule_seconds - st.optimizer_seconds);
-  }
-  if (trace) trainer.write_trace(trace);
-  std::printf("detail %d %.3f %.3f %.3f %.3f %.3f %.3f\n", env.rank, median(t) * 1e3, median(sched) * 1e3, median(compute) * 1e3,
-              median(wait) * 1e3, median(optim) * 1e3, median(rest) * 1e3);
-  std::fflush(stdout);
-  auto mx = torch::full({1}, median(t), torch::kDouble);  // the slower rank's
-  std::vector<at::Tensor> v{mx};
-  world.world->allreduce(v, {c10d::ReduceOp::MAX})->wait();
-  if (env.rank == 0) std::printf("result %s %.6f m %d\n", name.c_str(), mx.item<double>(), M);
-  if (const auto& d = trainer.split_decision(); env.rank == 0 && d.decided())
-    std::printf("split %d %.3f %.3f %.4f\n", int(d.split()), d.split_seconds() * 1e3, d.whole_seconds() * 1e3, d.ratio());
-  return 0;
+  return smallwork::run_steps(trainer, world, name, M, warm, steps, [&](int s) { return batches[std::size_t(s)]; });
 }
 
 template <int M>

@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// What the small-work benchmarks share (smallwork_bench.cpp, vlm_bench.cpp): the median, and a pipelined
+// contender's timed steps with the lines run.sh and report.py read.
+#include <mpx/mpx.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace smallwork
+{
+inline double median(std::vector<double> v)
+{
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// Runs `warm + steps` steps of `trainer` (`microbatches(s)`: step s's micro-batches) and times those after
+/// the warm-up. Prints per rank "detail <rank> <step> <schedule> <compute> <wait> <optimizer> <end-of-step>"
+/// (medians, ms; end-of-step is the step less its schedule walk and its optimizer steps), on rank 0
+/// "result <name> <the slower rank's median step, s> m <m>" and, when ZB-H1 measured its split,
+/// "split <kept 0|1> <split ms> <whole ms> <median split / whole>". MPX_BENCH_TRACE=<file> (with
+/// TrainOptions::trace set) writes the last step's Chrome trace.
+template <class Trainer, class Microbatches>
+int run_steps(Trainer& trainer, mpx::World& world, const std::string& name, int m, int warm, int steps, Microbatches&& microbatches)
+{
+  std::vector<double> t, sched, compute, wait, optim, rest;
+  for (int s = 0; s < steps + warm; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto st = trainer.step(microbatches(s));
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s < warm) continue;
+    t.push_back(wall), sched.push_back(st.schedule_seconds), compute.push_back(st.compute_seconds), wait.push_back(st.wait_seconds);
+    optim.push_back(st.optimizer_seconds), rest.push_back(wall - st.schedule_seconds - st.optimizer_seconds);
+  }
+  if (const char* trace = std::getenv("MPX_BENCH_TRACE")) trainer.write_trace(trace);
+  const int rank = world.env.rank;
+  std::printf("detail %d %.3f %.3f %.3f %.3f %.3f %.3f\n", rank, median(t) * 1e3, median(sched) * 1e3, median(compute) * 1e3,
+              median(wait) * 1e3, median(optim) * 1e3, median(rest) * 1e3);
+  std::fflush(stdout);
+  auto mx = torch::full({1}, median(t), torch::kDouble);  // the slower rank's
+  std::vector<at::Tensor> v{mx};
+  world.world->allreduce(v, {c10d::ReduceOp::MAX})->wait();
+  if (rank == 0) std::printf("result %s %.6f m %d\n", name.c_str(), mx.item<double>(), m);
+  if (const auto& d = trainer.split_decision(); rank == 0 && d.decided())
+    std::printf("split %d %.3f %.3f %.4f\n", int(d.split()), d.split_seconds() * 1e3, d.whole_seconds() * 1e3, d.ratio());
+  return 0;
+}
+}  // namespace smallwork
