@@ -13,6 +13,8 @@
 #include <mpx/device.hpp>    // mpx::device_traits
 #include <mpx/pipeline.hpp>  // mpx::PipelineType, mpx::proof
 #include <mpx/proof.hpp>     // mpx::prove
+#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/table_view.hpp>  // mpx::TableView, mpx::table_view
 
 #include <cstdint>    // std::int64_t
 #include <ostream>    // std::ostream
@@ -116,6 +118,9 @@ void print_timeline(std::ostream& os, const AnyTable& t, int max_units = 120)
   os << "\n";
 }
 
+/// `print_timeline` of a `TableView` (what `print<P>` shows): compiled once under `mpx::compiled`.
+MPX_DECL void print_timeline(std::ostream& os, const TableView& t, int max_units = 120);
+
 /// Writes one rank's explicit action list (computes, posted receives, sends).
 template <class AnyTable>
 void print_actions(std::ostream& os, const AnyTable& t, int r)
@@ -165,7 +170,7 @@ std::ostream& operator<<(std::ostream& os, printer<P>)
     os << "forward only: stage" << (P::forward_only_stages > 1 ? "s 0-" + std::to_string(P::forward_only_stages - 1) : std::string(" 0"))
        << " (Frozen, nothing trainable before): no backward, no gradient messages, no activations kept\n";
     if (P::forward_only_stages < P::num_stages) {
-      print_timeline(os, P::make_table());
+      print_timeline(os, table_view<P>());
       return os;  // the published formulas assume every stage runs a backward
     }
   }
@@ -178,8 +183,16 @@ std::ostream& operator<<(std::ostream& os, printer<P>)
     os << "split backward (I, W): by default kept only if measured faster than the whole backward in I over the first steps "
           "(TrainOptions::split_backward = measure, or always / never; the trainer says which on rank 0)\n";
   }
-  print_timeline(os, P::make_table());
+  print_timeline(os, table_view<P>());
   return os;
 }
 
 }  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+namespace mpx
+{
+MPX_DECL void print_timeline(std::ostream& os, const TableView& t, int max_units) { print_timeline<TableView>(os, t, max_units); }
+}  // namespace mpx
+#endif

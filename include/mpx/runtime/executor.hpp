@@ -27,6 +27,7 @@
 #include <mpx/runtime/stage_set.hpp>       // mpx::StageSet
 #include <mpx/runtime/trace.hpp>           // mpx::TraceRecorder
 #include <mpx/runtime/world.hpp>           // mpx::World
+#include <mpx/table_view.hpp>              // mpx::table_view, mpx::actions_of
 
 #include <algorithm>   // std::fill
 #include <chrono>      // std::chrono::steady_clock
@@ -61,7 +62,7 @@ class Executor
   };
 
   Executor(World& w, StageSet<P>& stages, InputFn input, LossFn loss)
-      : w_(w), stages_(stages), input_(std::move(input)), loss_(std::move(loss)), actions_(expand(P::make_table(), w.slot)),
+      : w_(w), stages_(stages), input_(std::move(input)), loss_(std::move(loss)), actions_(actions_of(table_view<P>(), w.slot)),
         state_(std::size_t(N) * M), links_(w)
   {
     for (const auto& a : actions_) split_ = split_ || a.op == Op::W;

@@ -34,6 +34,7 @@
 #include <mpx/runtime/state_io.hpp>          // mpx::save_training_state, mpx::load_training_state
 #include <mpx/runtime/trace.hpp>             // mpx::TraceRecorder
 #include <mpx/runtime/world.hpp>             // mpx::World
+#include <mpx/table_view.hpp>                // mpx::table_view, mpx::proof_of
 
 #include <chrono>    // std::chrono::steady_clock
 #include <iostream>  // std::cout, std::clog
@@ -64,7 +65,7 @@ class Trainer
       : w_(world), o_(std::move(options)), scaler_(o_.scaler), stages_((check_proof(), w_.slot), w_.device, make, o_, w_.tp),
         optimizers_(stages_, o_), executor_(w_, stages_, std::move(input), std::move(loss)), sum_(ShmLinks(w_, true).world_sum()),
         buckets_(w_.dp, w_.replicas, o_.bucket_bytes, w_.timeout), split_(executor_.splits_backward(), o_.split_backward, o_.split_trials),
-        expected_bubble_(prove(P::make_table()).bubble())
+        expected_bubble_(proof_of(table_view<P>()).bubble())
   {
     for (int s = 0; s < N; ++s)
       if (stages_.holds(s)) held_.push_back(stages_.parameters(s)), counted_.push_back(stages_.norm_parameters(s));
