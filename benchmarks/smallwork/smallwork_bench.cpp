@@ -126,26 +126,12 @@ int pipelined_mode(const std::string& mode, int steps, int argc, char** argv)
 
 int main(int argc, char** argv)
 {
-  torch::set_num_threads(1);
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: %s whole|accumulate|gpipe|1f1b|1f1b-overlap|1f1b-torch-adamw|zbh1|zbh1-split|handwritten M [steps]\n", argv[0]);
-    return 2;
-  }
-  const std::string mode = argv[1];
-  const int m = std::atoi(argv[2]);
-  const int steps = argc > 3 ? std::atoi(argv[3]) : 20;
-  try {
-    if (mode == "whole" || mode == "accumulate") return one_process(mode == "whole", m, steps);
-    if (mode == "handwritten") return handwritten_run(m, steps);
-    switch (m) {
-      case 2: return pipelined_mode<2>(mode, steps, argc, argv);
-      case 4: return pipelined_mode<4>(mode, steps, argc, argv);
-      case 8: return pipelined_mode<8>(mode, steps, argc, argv);
-      case 16: return pipelined_mode<16>(mode, steps, argc, argv);
-      default: std::fprintf(stderr, "M must be 2, 4, 8 or 16 for the mpx modes\n"); return 2;
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
+  return smallwork::main_of(
+      argc, argv, "whole|accumulate|gpipe|1f1b|1f1b-overlap|1f1b-torch-adamw|zbh1|zbh1-split|handwritten",
+      [](const std::string& mode, int m, int steps) {
+        if (mode == "whole" || mode == "accumulate") return one_process(mode == "whole", m, steps);
+        if (mode == "handwritten") return handwritten_run(m, steps);
+        return -1;
+      },
+      [&](auto M, const std::string& mode, int steps) { return pipelined_mode<decltype(M)::value>(mode, steps, argc, argv); });
 }

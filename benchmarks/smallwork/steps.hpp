@@ -1,14 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// What the small-work benchmarks share (smallwork_bench.cpp, vlm_bench.cpp): the median, and a pipelined
-// contender's timed steps with the lines run.sh and report.py read.
+// What the small-work benchmarks share (smallwork_bench.cpp, vlm_bench.cpp): the median, a pipelined
+// contender's timed steps with the lines run.sh and report.py read, and the command line.
 #include <mpx/mpx.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace smallwork
@@ -49,5 +51,35 @@ int run_steps(Trainer& trainer, mpx::World& world, const std::string& name, int 
   if (const auto& d = trainer.split_decision(); rank == 0 && d.decided())
     std::printf("split %d %.3f %.3f %.4f\n", int(d.split()), d.split_seconds() * 1e3, d.whole_seconds() * 1e3, d.ratio());
   return 0;
+}
+
+/// A small-work benchmark's main: parses MODE M [steps] (`modes`: the modes, for the usage line), runs
+/// `one_process(mode, m, steps)` — it returns -1 for a mode it does not run — else
+/// `pipelined(std::integral_constant<int, M>{}, mode, steps)` with M = m among 2, 4, 8, 16 (the pipeline's
+/// compile-time micro-batch count). One intra-op thread; a failure is printed and returns 1.
+template <class OneProcess, class Pipelined>
+int main_of(int argc, char** argv, const char* modes, OneProcess&& one_process, Pipelined&& pipelined)
+{
+  torch::set_num_threads(1);
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s %s M [steps]\n", argv[0], modes);
+    return 2;
+  }
+  const std::string mode = argv[1];
+  const int m = std::atoi(argv[2]);
+  const int steps = argc > 3 ? std::atoi(argv[3]) : 20;
+  try {
+    if (const int st = one_process(mode, m, steps); st >= 0) return st;
+    switch (m) {
+      case 2: return pipelined(std::integral_constant<int, 2>{}, mode, steps);
+      case 4: return pipelined(std::integral_constant<int, 4>{}, mode, steps);
+      case 8: return pipelined(std::integral_constant<int, 8>{}, mode, steps);
+      case 16: return pipelined(std::integral_constant<int, 16>{}, mode, steps);
+      default: std::fprintf(stderr, "M must be 2, 4, 8 or 16 for the mpx modes\n"); return 2;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
 }
 }  // namespace smallwork
