@@ -65,7 +65,7 @@ class Trainer
       : w_(world), o_(std::move(options)), scaler_(o_.scaler), stages_((check_proof(), w_.slot), w_.device, make, o_, w_.tp),
         optimizers_(stages_, o_), executor_(w_, stages_, std::move(input), std::move(loss)), sum_(ShmLinks(w_, true).world_sum()),
         buckets_(w_.dp, w_.replicas, o_.bucket_bytes, w_.timeout), split_(executor_.splits_backward(), o_.split_backward, o_.split_trials),
-        expected_bubble_(proof_of(table_view<P>()).bubble())
+        expected_bubble_(schedule_bubble())
   {
     for (int s = 0; s < N; ++s)
       if (stages_.holds(s)) held_.push_back(stages_.parameters(s)), counted_.push_back(stages_.norm_parameters(s));
@@ -177,6 +177,14 @@ class Trainer
   {
     const auto& at = buckets_.launched_at();
     for (std::size_t b = 0; b < at.size(); ++b) trace_.mark("all-reduce bucket " + std::to_string(b) + " starts", us(at[b] - t0), 0);
+  }
+
+  /// The schedule's expected bubble: the compile-time proof's when there is one (nothing to prove again),
+  /// else the table's proved at start-up.
+  static double schedule_bubble()
+  {
+    if constexpr (P::proved_at_compile_time) return P::compile_time_proof.bubble();
+    else return proof_of(table_view<P>()).bubble();
   }
 
   static void check_proof()
