@@ -13,7 +13,8 @@
 # MODEL=vlm measures the issue's model instead: a 2-stage moondream-architecture model (vision | text, vlm_bench.cpp;
 # micro-batches of 2 samples) against one process, whole and accumulating (no hand-written or Python contender: they
 # have no moondream), and writes benchmarks/results/smallwork_vlm_<host>_<date>.md.
-#   benchmarks/smallwork/run.sh [build-dir] [rounds] [steps]     (MS="2 4" to run fewer m; RESULTS_DIR=... elsewhere)
+#   benchmarks/smallwork/run.sh [build-dir] [rounds] [steps]     (MS="2 4" to run fewer m; MODES="whole 1f1b zbh1" fewer
+#   contenders, for more rounds of the ones a question is about; RESULTS_DIR=... elsewhere)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}; rounds=${2:-5}; steps=${3:-20}
@@ -30,6 +31,7 @@ case $model in
        describe="moondream architecture, vision (2 ViT layers, width 64, 5 crops of 56 px) | text (2 layers, width 128, vocabulary 512, 41 positions, 12 supervised tokens per sample); AdamW (mpx::FusedAdamW in every contender, lr 1e-4), answer-token cross-entropy; micro-batches of 2 samples, m per step; one intra-op thread per rank; clipping off" ;;
   *) echo "MODEL must be linear or vlm" >&2; exit 2 ;;
 esac
+if [ -n "${MODES:-}" ]; then read -ra modes <<< "$MODES"; fi
 mpxrun=$build/tools/mpxrun
 py=benchmarks/smallwork/python_pipeline.py
 python=${PYTHON:-/usr/bin/python3}  # Debian's, with python3-torch (a pyenv python3 first on PATH has no torch)

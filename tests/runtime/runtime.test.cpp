@@ -10,9 +10,16 @@
 
 #include <mpx/runtime/profile.hpp>
 
+#include <mpx/runtime/wire/shm_segment.hpp>  // mpx::detail::map_shm_segment
+
+#include <signal.h>    // raise, SIGKILL
+#include <sys/mman.h>  // shm_unlink
 #include <sys/wait.h>  // WIFEXITED
+#include <unistd.h>    // fork
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -386,6 +393,57 @@ TEST_CASE("A rank killed after its walk ends the survivors in the end-of-step su
   // 3 stages; rank 1's process ends after its walk of step 2, before the sum of loss and norm: through shared
   // memory the survivors see its process gone (and name it), over Gloo its connection close
   check_survivors_name({MPX_RANK_EXE, "kill", "/tmp"}, {{"MPX_TEST_EXIT_BEFORE_SUM", "1,2"}}, {"step 2", "end-of-step"}, {"rank 1's process"});
+}
+
+TEST_CASE("A rank killed at start-up leaves nothing in /dev/shm: mpxrun removes the rings its peers opened for it", "[runtime][errors][shm]")
+{
+  // 3 stages; rank 1 dies as step 0 begins: rank 0's ring to it (and rank 2's ring from it, once rank 2 is
+  // ended) never see their other end, so their names stay until the launcher removes them
+  const std::string cmd = std::string("MPX_SHM=1 timeout 120 ") + MPX_MPXRUN_EXE + " --nproc-per-node 3 --notice-ms 1000 --grace-ms 2000 " +
+                          MPX_RANK_EXE + " kill /tmp 1 0 2>&1";
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int st = ::pclose(p);
+  INFO(out);
+  CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 3));  // rank 1's status
+  const auto at = out.find("mpx::launch: removed ");
+  REQUIRE(at != std::string::npos);
+  CHECK(out.find("from /dev/shm, left by ranks that were killed", at) != std::string::npos);
+  const auto name = out.find("(mpx-", at);
+  REQUIRE(name != std::string::npos);
+  const std::string prefix = out.substr(name + 1, out.find('-', name + 5) - name);  // "mpx-<the run's token>-"
+  CAPTURE(prefix);
+  CHECK(prefix.size() > 6);
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+    CHECK(e.path().filename().string().rfind(prefix, 0) != 0);  // nothing of that run is left
+}
+
+TEST_CASE("A run's first local rank removes the segments killed runs left in /dev/shm (runs started without mpxrun)", "[runtime][shm]")
+{
+  // a segment as a ring of a killed run leaves it: stamped, its user's pid written, its user SIGKILLed
+  const std::string planted = "/mpx-test-planted-" + std::to_string(::getpid()), what = "a test", none;  // made before fork
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const mpx::detail::ShmOwnerSlots one{1, 64, 4};
+    void* seg = mpx::detail::map_shm_segment(planted, 4096, one, what, none, none);
+    const std::int32_t pid = ::getpid();
+    std::memcpy(static_cast<char*>(seg) + 64, &pid, 4);
+    ::raise(SIGKILL);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(std::filesystem::exists("/dev/shm" + planted));
+  const std::string dir = "/tmp/mpx-planted-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  auto res = test::spawn(2, {MPX_RANK_EXE, "p2-1f1b", dir}, std::chrono::seconds(120), {{"MPX_SHM", "1"}});
+  INFO(all_output(res));
+  for (auto& r : res) CHECK(r.code == 0);
+  CHECK_FALSE(std::filesystem::exists("/dev/shm" + planted));  // rank 0 (or another run's first rank meanwhile) removed it
+  ::shm_unlink(planted.c_str());
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("Messages whose layout changes (shape, wire dtype, absent and empty fields) arrive intact", "[runtime][wire]")

@@ -3,15 +3,18 @@
 // back at the other, across the ring's wrap; a message without room says "over the group" instead; a wait
 // ends in a named peer_error when the peer is gone (a real child process that exits) or silent; a corrupt
 // frame is a peer_error; the name is gone from /dev/shm once both ends have opened the ring, and a receiver
-// whose sender never came removes it when it closes. Both ends in one process,
-// except the dead peer's.
+// whose sender never came removes it when it closes; a ring whose ends were killed before both opened it is
+// removed as stale (wire/shm_segment.hpp) once no end lives. Both ends in one process, except the dead
+// peer's and the killed sender's.
 #include "support/rooms.hpp"
 
 #include <mpx/runtime/shm_links.hpp>
 
+#include <signal.h>    // kill, SIGKILL
 #include <sys/wait.h>  // waitpid
-#include <unistd.h>    // fork
+#include <unistd.h>    // fork, pipe, pause
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -149,6 +152,32 @@ TEST_CASE("A ring one end never opened: the receiver removes its name when it cl
   auto rx = open_end(early, ShmRing::End::receiver);
   check_bytes(read_inline(rx), 10, 7);
   CHECK_FALSE(std::filesystem::exists("/dev/shm" + early));
+}
+
+TEST_CASE("A ring whose receiver was killed before it opened it: removed as stale once its sender is gone too, not before", "[rooms][shm][faults]")
+{
+  const auto name = ring_name("killed-receiver");
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t sender = ::fork();
+  if (sender == 0) {  // rank 0: sends its first activation, then waits for what never comes
+    auto tx = open_end(name, ShmRing::End::sender);
+    write_bytes(tx, 100, 1);
+    const char c = 1;
+    if (::write(ready[1], &c, 1) != 1) ::_exit(2);
+    ::pause();
+  }
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  const auto removed = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), name.substr(1)) != v.end(); };
+  CHECK_FALSE(removed(mpx::detail::remove_stale_shm_segments()));  // its sender lives: the receiver may still come
+  CHECK(std::filesystem::exists("/dev/shm" + name));
+  ::kill(sender, SIGKILL);  // the run is over: nobody will ever open it
+  ::waitpid(sender, nullptr, 0);
+  mpx::detail::remove_stale_shm_segments();  // (or a run that ctest starts meanwhile: its first local rank does the same)
+  CHECK_FALSE(std::filesystem::exists("/dev/shm" + name));
 }
 
 TEST_CASE("Shared-memory settings: MPX_SHM takes 0 or 1, a ring size must be a power of two of at least 4 KiB, the spin follows the CPUs", "[rooms][shm]")

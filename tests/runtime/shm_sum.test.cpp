@@ -2,13 +2,15 @@
 // Tests for mpx/runtime/wire/shm_sum.hpp: ranks that are real processes (forked) sum their numbers round
 // after round and every rank gets the same bits, the sum in rank order; the name is gone from /dev/shm once
 // every rank has opened the segment, or the ranks that came have closed it; a wait ends in a named peer_error when a rank's process has exited (at once) or a rank
-// never comes (at the timeout); misuse is a config_error. (Trainers that sum through it: runtime.test.cpp.)
+// never comes (at the timeout); misuse is a config_error; a segment whose ranks were all killed before the last
+// opened it is removed as stale (wire/shm_segment.hpp). (Trainers that sum through it: runtime.test.cpp.)
 #include "support/rooms.hpp"
 
 #include <mpx/runtime/wire/shm_sum.hpp>
 
+#include <signal.h>    // kill, SIGKILL
 #include <sys/wait.h>  // waitpid
-#include <unistd.h>    // fork
+#include <unistd.h>    // fork, pipe, pause
 
 #include <chrono>
 #include <filesystem>
@@ -98,6 +100,30 @@ TEST_CASE("A sum's wait ends with a named error: a rank whose process exited at 
     CHECK_THROWS_WITH(sum.finish(&got, [] { return std::string("step 0's sum"); }), Catch::Contains("rank 0, 2 did not arrive within 200 ms"));
   }
   CHECK_FALSE(std::filesystem::exists("/dev/shm" + silent));  // closed by the only rank that came: nothing left behind
+}
+
+TEST_CASE("A sum whose ranks were killed before all opened it is removed as stale", "[rooms][shm][faults]")
+{
+  const auto name = sum_name("killed");
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t child = ::fork();
+  if (child == 0) {  // rank 1 of 2 opens the sum and is killed before rank 0 ever comes
+    mpx::ShmSum sum(name, 2, 1, std::chrono::milliseconds(1000), std::chrono::microseconds(20));
+    const char c = 1;
+    if (::write(ready[1], &c, 1) != 1) ::_exit(2);
+    ::pause();
+  }
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  mpx::detail::remove_stale_shm_segments();
+  CHECK(std::filesystem::exists("/dev/shm" + name));  // rank 1 lives: rank 0 may still come
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  mpx::detail::remove_stale_shm_segments();  // (or a run that ctest starts meanwhile: its first local rank does the same)
+  CHECK_FALSE(std::filesystem::exists("/dev/shm" + name));
 }
 
 TEST_CASE("A sum refuses misuse, naming it: too many numbers, a rank outside the world, finish before arrive", "[rooms][shm]")

@@ -5,7 +5,8 @@
 /// variables set, prefixes every line they print with `[rank r] `, forwards SIGINT/SIGTERM, and when a
 /// rank fails reports it first (rank, exit status or signal, its last lines), lets the others stop by
 /// themselves for a moment (their named errors), ends them, and restarts the job up to `max_restarts`
-/// times on a fresh rendezvous. Ranks die with their launcher (parent-death signal). `mpxrun`
+/// times on a fresh rendezvous. Ranks die with their launcher (parent-death signal). Once they have ended,
+/// it removes the shared-memory segments that killed ranks left in /dev/shm (wire/shm_segment.hpp). `mpxrun`
 /// (tools/mpxrun.cpp) is this function behind a command line; a program started without RANK can also
 /// launch its own local ranks with `mpx::relaunch_self` (the examples do).
 
@@ -54,6 +55,7 @@ MPX_DECL int relaunch_self(int nproc, int argc, char** argv, int max_restarts = 
 // ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
 #include <mpx/runtime/env.hpp>     // mpx::read_env
 #include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/runtime/wire/shm_segment.hpp>  // mpx::detail::remove_stale_shm_segments
 
 #include <arpa/inet.h>   // htonl
 #include <netinet/in.h>  // sockaddr_in
@@ -263,6 +265,13 @@ struct attempt_result
   std::string cause;       // "rank 1 was killed by signal 9 (SIGKILL)"
 };
 
+/// Removes what ranks killed before their peers opened it left in /dev/shm (shm_segment.hpp), saying so.
+inline void remove_leftover_shm()
+{
+  const auto removed = remove_stale_shm_segments();
+  if (!removed.empty()) write_all("mpx::launch: removed " + describe_removed_segments(removed) + " from /dev/shm, left by ranks that were killed\n");
+}
+
 /// Starts every local rank once and supervises them until all have ended (see `launch`).
 inline attempt_result run_attempt(const LaunchOptions& o, const std::vector<std::string>& argv, int attempt)
 {
@@ -377,6 +386,7 @@ inline attempt_result run_attempt(const LaunchOptions& o, const std::vector<std:
   }
   out.interrupted = forwarded;
   if (out.cause.empty() && forwarded != 0) out.code = 128 + forwarded;
+  remove_leftover_shm();
   return out;
 }
 

@@ -8,6 +8,8 @@
 /// default; 0 sends every pipeline message over Gloo). Each rank publishes that in the run's store, and
 /// reads a peer's at the first message to or from it, so both ends of a channel choose the same way.
 /// `world_sum` gives the world's end-of-step sum through shared memory when every rank shares the host.
+/// The first local rank of a run removes the segments that killed runs left in /dev/shm (once per process;
+/// shm_segment.hpp) and says so on stderr.
 /// World rank 0 publishes a random token for the ring names and the ring size (`MPX_SHM_RING_KB`, 8192 by
 /// default: messages that do not fit go over Gloo; `MPX_SHM_SPIN_US` is how long a wait spins before it sleeps: 1000 µs by
 /// default when the host has a CPU for every rank's threads, else 50). Every
@@ -17,6 +19,7 @@
 #include <mpx/runtime/env.hpp>             // mpx::detail::getenv_int, getenv_str
 #include <mpx/runtime/errors.hpp>          // mpx::config_error, mpx::peer_error
 #include <mpx/runtime/wire/shm_ring.hpp>   // mpx::ShmRing
+#include <mpx/runtime/wire/shm_segment.hpp>  // mpx::detail::remove_stale_shm_segments
 #include <mpx/runtime/wire/shm_sum.hpp>    // mpx::ShmSum
 #include <mpx/runtime/world.hpp>           // mpx::World
 #include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
@@ -29,9 +32,11 @@
 #include <algorithm>  // std::max
 
 #include <chrono>    // std::chrono
+#include <cstdio>    // std::fprintf
 #include <fstream>   // std::ifstream
 #include <map>       // std::map
 #include <memory>    // std::unique_ptr
+#include <mutex>     // std::call_once
 #include <optional>  // std::optional
 #include <random>    // std::random_device
 #include <sstream>   // std::ostringstream
@@ -55,6 +60,9 @@ MPX_DECL int default_spin_us(int local_ranks);
 
 /// A process's count of ShmLinks built so far (their store keys).
 MPX_DECL int next_shm_links_id();
+
+/// Removes the stale segments of /dev/shm (shm_segment.hpp) the first time a process calls it, saying so on stderr.
+MPX_DECL void remove_stale_shm_once();
 
 inline std::string bytes_text(const std::vector<std::uint8_t>& v) { return std::string(v.begin(), v.end()); }
 inline std::vector<std::uint8_t> text_bytes(const std::string& s) { return std::vector<std::uint8_t>(s.begin(), s.end()); }
@@ -131,6 +139,16 @@ MPX_DECL int next_shm_links_id()
   return next++;
 }
 
+MPX_DECL void remove_stale_shm_once()
+{
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const auto removed = remove_stale_shm_segments();
+    if (!removed.empty())
+      std::fprintf(stderr, "mpx: removed %s from /dev/shm, left by a run whose ranks were killed\n", describe_removed_segments(removed).c_str());
+  });
+}
+
 }  // namespace mpx::detail
 
 namespace mpx
@@ -140,6 +158,7 @@ MPX_DECL ShmLinks::ShmLinks(World& w, bool on)
     : w_(w), on_(on && w.store && w.env.world_size > 1)
 {
   if (!on_) return;
+  if (w_.env.local_rank == 0) detail::remove_stale_shm_once();
   key_ = "mpx/shm/" + std::to_string(detail::next_shm_links_id()) + "/";
   host_ = enabled() ? detail::host_identity() : "";  // published as it is: "" shares with nobody, not even another ""
   w_.store->set(key_ + "host/" + std::to_string(w_.env.rank), detail::text_bytes("host " + host_));

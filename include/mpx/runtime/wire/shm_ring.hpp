@@ -22,30 +22,30 @@
 /// comes first creates it, zero-filled, which is an empty ring) and count themselves in it; the second to
 /// open unlinks the name (both have it mapped), so a run leaves nothing in /dev/shm however it ends — but
 /// a ring whose other end never opened it: the receiver unlinks it when it closes (not the sender, whose
-/// unread frames would go with the name), and a killed receiver leaves it (a few pages).
-/// Names carry a random token per run (`ShmLinks`), so a ring left by a killed run is never read by a
-/// later one.
+/// unread frames would go with the name). A ring whose ends were killed before both opened it stays in
+/// /dev/shm until the launcher or the next run on the host removes it (shm_segment.hpp: the segment starts
+/// with a stamp naming where its ends' pids lie). Names carry a random token per run (`ShmLinks`), so a
+/// ring left by a killed run is never read by a later one.
 
 #include <mpx/runtime/errors.hpp>  // mpx::peer_error, mpx::config_error
 #include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/runtime/wire/shm_segment.hpp>  // mpx::detail::map_shm_segment, process_alive, shm_stamp_bytes
 
 #include <torch/torch.h>  // torch::empty
 
-#include <fcntl.h>        // O_CREAT, O_RDWR, posix_fallocate
 #include <linux/futex.h>  // FUTEX_WAIT, FUTEX_WAKE
 #include <sched.h>        // sched_yield
-#include <signal.h>       // kill
-#include <sys/mman.h>     // mmap, shm_open, shm_unlink
+#include <sys/mman.h>     // munmap, shm_unlink
 #include <sys/syscall.h>  // SYS_futex
-#include <unistd.h>       // ftruncate, close, getpid
+#include <unistd.h>       // getpid
 
 #include <algorithm>  // std::min
 #include <atomic>   // std::atomic
-#include <cerrno>   // errno, ESRCH
 #include <chrono>   // std::chrono
 #include <climits>  // INT_MAX
+#include <cstddef>  // offsetof
 #include <cstdint>  // std::uint64_t
-#include <cstring>  // std::memcpy, std::strerror
+#include <cstring>  // std::memcpy
 #include <string>   // std::string
 
 #if defined(__SSE2__)
@@ -72,14 +72,18 @@ struct ShmRingControl
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free,
               "mpx: the shared-memory ring needs lock-free atomics (address-free across processes)");
+/// The mapping: the stamp (shm_segment.hpp), the control block, the data from 4 KiB on.
+inline constexpr std::size_t ring_control_offset = shm_stamp_bytes;
 inline constexpr std::size_t ring_data_offset = 4096;
+static_assert(ring_control_offset + sizeof(ShmRingControl) <= ring_data_offset);
+/// Where the ends write their pids: the sender's, then 64 bytes on the receiver's.
+inline constexpr ShmOwnerSlots ring_owners{2, std::uint32_t(ring_control_offset + offsetof(ShmRingControl, sender_pid)),
+                                           std::uint32_t(offsetof(ShmRingControl, receiver_pid) - offsetof(ShmRingControl, sender_pid))};
+static_assert(offsetof(ShmRingControl, receiver_pid) - offsetof(ShmRingControl, sender_pid) == 64, "mpx: the ends' pids lie a line apart");
 
 MPX_DECL long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t val, const timespec* t);
 
 MPX_DECL void cpu_relax();
-
-/// Whether the process `pid` exists (0: not known yet, which counts as alive).
-inline bool process_alive(std::int32_t pid) { return pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH; }
 
 /// Waits until `ready()`: spins for `spin`, then sleeps on the futex word `seq` (counted in `sleepers`,
 /// which the publishing side reads to know whether to wake anyone), calling `check()` every 20 ms (it
@@ -119,11 +123,6 @@ void shm_wait(Ready&& ready, std::atomic<std::uint32_t>& seq, std::atomic<std::u
 /// wakes whoever sleeps on it (only when `sleepers` says someone does: a wake is a system call).
 MPX_DECL void shm_wake(std::atomic<std::uint32_t>& seq, const std::atomic<std::uint32_t>& sleepers);
 
-/// Opens the POSIX shared-memory segment `name` (creating it zero-filled if it is not there yet: both ends
-/// open by name, whichever comes first creates) and maps `bytes` of it with the pages allocated, so a
-/// /dev/shm without room is a `config_error` here, not a SIGBUS at a later touch. `what` names the
-/// segment's use in errors, `off` how to do without shared memory, `smaller` how to need less of it.
-MPX_DECL void* map_shm_segment(const std::string& name, std::size_t bytes, const std::string& what, const std::string& off, const std::string& smaller);
 }  // namespace detail
 
 class ShmRing
@@ -229,23 +228,6 @@ MPX_DECL void shm_wake(std::atomic<std::uint32_t>& seq, const std::atomic<std::u
   if (sleepers.load(std::memory_order_seq_cst)) futex(&seq, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
-MPX_DECL void* map_shm_segment(const std::string& name, std::size_t bytes, const std::string& what, const std::string& off, const std::string& smaller)
-{
-  const auto fail = [&](const std::string& doing, int err, const std::string& more) {
-    return config_error("mpx: " + doing + " " + name + " (" + std::strerror(err) + ") for " + what + "; " + off + more);
-  };
-  const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
-  if (fd < 0) throw fail("cannot open the shared-memory segment", errno, "");
-  const int full = ::ftruncate(fd, off_t(bytes)) == 0 ? ::posix_fallocate(fd, 0, off_t(bytes)) : errno;
-  void* p = full == 0 ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0) : MAP_FAILED;
-  const int err = full != 0 ? full : errno;
-  ::close(fd);
-  if (p == MAP_FAILED)
-    throw fail("cannot place " + std::to_string(bytes) + " bytes in /dev/shm as", err,
-               " (or free /dev/shm, give the container more of it, e.g. docker --shm-size, or " + smaller + ")");
-  return p;
-}
-
 }  // namespace mpx::detail
 
 namespace mpx
@@ -257,10 +239,10 @@ MPX_DECL ShmRing::ShmRing(std::string name, std::uint64_t capacity, End end, std
 {
   if (capacity_ < min_capacity || (capacity_ & (capacity_ - 1)) != 0)
     throw config_error("mpx: a shared-memory ring of " + std::to_string(capacity_) + " bytes: MPX_SHM_RING_KB must be a power of two of at least 4");
-  void* p = detail::map_shm_segment(name_, detail::ring_data_offset + capacity_, "the channel to/from " + peer_,
+  void* p = detail::map_shm_segment(name_, detail::ring_data_offset + capacity_, detail::ring_owners, "the channel to/from " + peer_,
                                     "set MPX_SHM=0 to send pipeline messages over Gloo instead", "lower MPX_SHM_RING_KB");
   base_ = static_cast<std::uint8_t*>(p);
-  ctl_ = reinterpret_cast<detail::ShmRingControl*>(base_);
+  ctl_ = reinterpret_cast<detail::ShmRingControl*>(base_ + detail::ring_control_offset);
   data_ = base_ + detail::ring_data_offset;
   (end_ == End::sender ? ctl_->sender_pid : ctl_->receiver_pid).store(std::int32_t(::getpid()), std::memory_order_release);
   if (ctl_->opened.fetch_add(1, std::memory_order_acq_rel) == 1) unlink();  // both ends have it: the name can go

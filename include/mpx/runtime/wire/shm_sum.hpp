@@ -17,16 +17,20 @@
 /// rank is a named `peer_error` at once, a silent one at the run's timeout. Every rank opens the segment
 /// by name (the first creates it zero-filled: round 0) and counts itself in it; the last to open unlinks
 /// the name (all have it mapped), so a run leaves nothing in /dev/shm however it ends (a rank closing a
-/// segment that some rank never opened unlinks it too).
+/// segment that some rank never opened unlinks it too; one whose ranks were all killed before the last
+/// opened it is removed by the launcher or the next run: shm_segment.hpp). The segment: the stamp
+/// (shm_segment.hpp), the header, the slots.
 
 #include <mpx/runtime/errors.hpp>           // mpx::peer_error, mpx::config_error
-#include <mpx/runtime/wire/shm_ring.hpp>    // mpx::detail::map_shm_segment, shm_wait, shm_wake, process_alive
+#include <mpx/runtime/wire/shm_ring.hpp>    // mpx::detail::shm_wait, shm_wake
+#include <mpx/runtime/wire/shm_segment.hpp> // mpx::detail::map_shm_segment, process_alive, shm_stamp_bytes
 #include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <sys/mman.h>  // munmap, shm_unlink
 
 #include <atomic>   // std::atomic
 #include <chrono>   // std::chrono
+#include <cstddef>  // offsetof
 #include <cstdint>  // std::uint64_t
 #include <string>   // std::string
 
@@ -52,6 +56,8 @@ struct ShmSumSlot
   double values[2][shm_sum_values];  ///< this rank's numbers for even and odd rounds
 };
 static_assert(sizeof(ShmSumSlot) % 64 == 0 && std::atomic<std::uint64_t>::is_always_lock_free);
+inline constexpr std::size_t shm_sum_header_offset = shm_stamp_bytes;
+inline constexpr std::size_t shm_sum_slots_offset = shm_sum_header_offset + sizeof(ShmSumHeader);
 }  // namespace detail
 
 class ShmSum
@@ -92,7 +98,7 @@ class ShmSum
   }
 
  private:
-  std::size_t bytes() const { return sizeof(detail::ShmSumHeader) + std::size_t(ranks_) * sizeof(detail::ShmSumSlot); }
+  std::size_t bytes() const { return detail::shm_sum_slots_offset + std::size_t(ranks_) * sizeof(detail::ShmSumSlot); }
   void unlink();
 
   template <class What>
@@ -131,9 +137,11 @@ MPX_DECL ShmSum::ShmSum(std::string name, int ranks, int rank, std::chrono::mill
 {
   if (ranks_ < 1 || rank_ < 0 || rank_ >= ranks_)
     throw config_error("mpx: ShmSum: rank " + std::to_string(rank_) + " of " + std::to_string(ranks_) + " ranks does not exist");
-  base_ = detail::map_shm_segment(name_, bytes(), "the end-of-step sum over the world", "set MPX_SHM=0 to reduce over Gloo instead", "set MPX_SHM=0");
-  header_ = static_cast<detail::ShmSumHeader*>(base_);
-  slots_ = reinterpret_cast<detail::ShmSumSlot*>(static_cast<char*>(base_) + sizeof(detail::ShmSumHeader));
+  const detail::ShmOwnerSlots owners{std::uint32_t(ranks_), std::uint32_t(detail::shm_sum_slots_offset + offsetof(detail::ShmSumSlot, pid)),
+                                     std::uint32_t(sizeof(detail::ShmSumSlot))};
+  base_ = detail::map_shm_segment(name_, bytes(), owners, "the end-of-step sum over the world", "set MPX_SHM=0 to reduce over Gloo instead", "set MPX_SHM=0");
+  header_ = reinterpret_cast<detail::ShmSumHeader*>(static_cast<char*>(base_) + detail::shm_sum_header_offset);
+  slots_ = reinterpret_cast<detail::ShmSumSlot*>(static_cast<char*>(base_) + detail::shm_sum_slots_offset);
   slots_[rank_].pid.store(std::int32_t(::getpid()), std::memory_order_release);
   if (header_->opened.fetch_add(1, std::memory_order_acq_rel) + 1 == std::uint32_t(ranks_)) unlink();  // all have it: the name can go
 }
