@@ -6,18 +6,20 @@
 // whose sender never came removes it when it closes; a ring whose ends were killed before both opened it is
 // removed as stale (wire/shm_segment.hpp) once no end lives. Both ends in one process, except the dead
 // peer's and the killed sender's.
+#include "support/forked.hpp"
 #include "support/rooms.hpp"
 
 #include <mpx/runtime/shm_links.hpp>
 
 #include <signal.h>    // kill, SIGKILL
 #include <sys/wait.h>  // waitpid
-#include <unistd.h>    // fork, pipe, pause
+#include <unistd.h>    // fork
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 
 namespace
@@ -157,20 +159,12 @@ TEST_CASE("A ring one end never opened: the receiver removes its name when it cl
 TEST_CASE("A ring whose receiver was killed before it opened it: removed as stale once its sender is gone too, not before", "[rooms][shm][faults]")
 {
   const auto name = ring_name("killed-receiver");
-  int ready[2];
-  REQUIRE(::pipe(ready) == 0);
-  const pid_t sender = ::fork();
-  if (sender == 0) {  // rank 0: sends its first activation, then waits for what never comes
-    auto tx = open_end(name, ShmRing::End::sender);
-    write_bytes(tx, 100, 1);
-    const char c = 1;
-    if (::write(ready[1], &c, 1) != 1) ::_exit(2);
-    ::pause();
-  }
-  char c = 0;
-  REQUIRE(::read(ready[0], &c, 1) == 1);
-  ::close(ready[0]);
-  ::close(ready[1]);
+  const pid_t sender = test::fork_holding([&] {  // rank 0: sends its first activation, then waits for what never comes
+    std::unique_ptr<ShmRing> tx(new ShmRing(open_end(name, ShmRing::End::sender)));  // (a ring does not move)
+    write_bytes(*tx, 100, 1);
+    return tx;
+  });
+  REQUIRE(sender > 0);
   const auto removed = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), name.substr(1)) != v.end(); };
   CHECK_FALSE(removed(mpx::detail::remove_stale_shm_segments()));  // its sender lives: the receiver may still come
   CHECK(std::filesystem::exists("/dev/shm" + name));

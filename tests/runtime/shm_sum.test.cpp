@@ -4,17 +4,19 @@
 // every rank has opened the segment, or the ranks that came have closed it; a wait ends in a named peer_error when a rank's process has exited (at once) or a rank
 // never comes (at the timeout); misuse is a config_error; a segment whose ranks were all killed before the last
 // opened it is removed as stale (wire/shm_segment.hpp). (Trainers that sum through it: runtime.test.cpp.)
+#include "support/forked.hpp"
 #include "support/rooms.hpp"
 
 #include <mpx/runtime/wire/shm_sum.hpp>
 
 #include <signal.h>    // kill, SIGKILL
 #include <sys/wait.h>  // waitpid
-#include <unistd.h>    // fork, pipe, pause
+#include <unistd.h>    // fork
 
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -105,19 +107,10 @@ TEST_CASE("A sum's wait ends with a named error: a rank whose process exited at 
 TEST_CASE("A sum whose ranks were killed before all opened it is removed as stale", "[rooms][shm][faults]")
 {
   const auto name = sum_name("killed");
-  int ready[2];
-  REQUIRE(::pipe(ready) == 0);
-  const pid_t child = ::fork();
-  if (child == 0) {  // rank 1 of 2 opens the sum and is killed before rank 0 ever comes
-    mpx::ShmSum sum(name, 2, 1, std::chrono::milliseconds(1000), std::chrono::microseconds(20));
-    const char c = 1;
-    if (::write(ready[1], &c, 1) != 1) ::_exit(2);
-    ::pause();
-  }
-  char c = 0;
-  REQUIRE(::read(ready[0], &c, 1) == 1);
-  ::close(ready[0]);
-  ::close(ready[1]);
+  const pid_t child = test::fork_holding([&] {  // rank 1 of 2 opens the sum and is killed before rank 0 ever comes
+    return std::make_unique<mpx::ShmSum>(name, 2, 1, std::chrono::milliseconds(1000), std::chrono::microseconds(20));
+  });
+  REQUIRE(child > 0);
   mpx::detail::remove_stale_shm_segments();
   CHECK(std::filesystem::exists("/dev/shm" + name));  // rank 1 lives: rank 0 may still come
   ::kill(child, SIGKILL);
