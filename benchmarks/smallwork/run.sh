@@ -36,6 +36,11 @@ mpxrun=$build/tools/mpxrun
 py=benchmarks/smallwork/python_pipeline.py
 python=${PYTHON:-/usr/bin/python3}  # Debian's, with python3-torch (a pyenv python3 first on PATH has no torch)
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+# Every contender keeps freed memory instead of returning it to the OS. On hosts where a page fault is dear (the
+# VM of 2026-12-04) glibc's default unmapped and re-faulted the Python loop's 1 MB AdamW temporaries at every
+# step: rank 1's opt.step() 21.5 ms, 2.0 ms with this setting; the loop 29.9 -> 9.4 ms at m = 2. mpx moved by
+# no more than the noise (paired 1.04, 6 rounds). A careful user on such a host would tune it: the baseline does.
+export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824}
 work=$(mktemp -d)
 : > "$work/split.txt"
 trap 'rm -rf "$work"' EXIT
@@ -72,6 +77,7 @@ source benchmarks/results_file.sh && keep_earlier "$out"
   if [ "$model" = vlm ]; then echo "- LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null), $(g++ --version | head -n 1); mpx: shared memory between its ranks"
   else echo "- LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null), $(g++ --version | head -n 1), Python torch $("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null); mpx: shared memory between its ranks (1f1b-gloo: Gloo over loopback), hand-written and Python: Gloo over loopback"; fi
   echo "- model: $describe"
+  echo "- malloc, every contender: GLIBC_TUNABLES=$GLIBC_TUNABLES"
   echo "- each run: median step time over $steps steps after 2 warm-up steps (zbh1: 18, its 16 trial steps among them) (pipelines: the slower rank's); $rounds rounds, the contenders' order rotated each round"
   echo
   python3 benchmarks/smallwork/report.py "$work" $ms
