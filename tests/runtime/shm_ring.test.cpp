@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests for mpx/runtime/wire/shm_ring.hpp (and shm_links.hpp's settings): frames written at one end read
-// back at the other, across the ring's wrap; a message without room says "over the group" instead; a wait
+// back at the other, across the ring's wrap; a sender that finds the ring empty goes back to its start; a message without room says "over the group" instead; a wait
 // ends in a named peer_error when the peer is gone (a real child process that exits) or silent; a corrupt
 // frame is a peer_error; the name is gone from /dev/shm once both ends have opened the ring, and a receiver
 // whose sender never came removes it when it closes; a ring whose ends were killed before both opened it is
@@ -53,6 +53,36 @@ void check_bytes(const at::Tensor& msg, std::uint64_t n, std::uint8_t first)
     if (p[i] != std::uint8_t(first + i)) FAIL("byte " << i << " differs");
 }
 
+/// Another program's view of a ring's data, mapped by name while the name is there (before the second end
+/// opens the ring): its frame words, read and overwritten.
+class RingView
+{
+ public:
+  RingView(const std::string& name, std::uint64_t capacity) : span_(mpx::detail::ring_data_offset + capacity)
+  {
+    const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
+    REQUIRE(fd >= 0);
+    void* p = ::mmap(nullptr, span_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    REQUIRE(p != MAP_FAILED);
+    data_ = static_cast<std::uint8_t*>(p) + mpx::detail::ring_data_offset;
+  }
+  RingView(const RingView&) = delete;
+  RingView& operator=(const RingView&) = delete;
+  ~RingView() { ::munmap(data_ - mpx::detail::ring_data_offset, span_); }
+  std::uint64_t word(std::uint64_t off) const
+  {
+    std::uint64_t w = 0;
+    std::memcpy(&w, data_ + off, 8);
+    return w;
+  }
+  void set_word(std::uint64_t off, std::uint64_t w) { std::memcpy(data_ + off, &w, 8); }
+
+ private:
+  std::size_t span_;
+  std::uint8_t* data_ = nullptr;
+};
+
 at::Tensor read_inline(ShmRing& ring)
 {
   bool over = true;
@@ -60,6 +90,18 @@ at::Tensor read_inline(ShmRing& ring)
   auto msg = ring.read(over, bytes, "RF0 of stage 1");
   CHECK_FALSE(over);
   return msg;
+}
+
+/// A frame of 100 bytes whose length word another program overwrites with `word`: the read names it.
+void check_corrupt_frame(const std::string& what, std::uint64_t word, const std::string& message)
+{
+  const auto name = ring_name(what);
+  auto rx = open_end(name, ShmRing::End::receiver);
+  RingView view(name, 64 * 1024);
+  auto tx = open_end(name, ShmRing::End::sender);
+  REQUIRE(write_bytes(tx, 100, 0));
+  view.set_word(0, word);
+  CHECK_THROWS_WITH(read_inline(rx), Catch::Contains(message));
 }
 }  // namespace
 
@@ -70,15 +112,43 @@ TEST_CASE("A shared-memory ring carries frames in order across its wrap, and let
   CHECK(std::filesystem::exists("/dev/shm" + name));  // for the sender to find
   auto tx = open_end(name, ShmRing::End::sender);
   CHECK_FALSE(std::filesystem::exists("/dev/shm" + name));  // unlinked by the second end: nothing left behind, whatever comes next
-  // 64 KiB ring: frames of 20,001 bytes wrap every third or so; odd sizes test the padding
-  for (int i = 0; i < 40; ++i) {
+  // 64 KiB ring: frames of 20,001 bytes, two unread at a time, so that frames straddle the ring's end;
+  // odd sizes test the padding
+  for (int i = 0; i < 40; i += 2) {
     REQUIRE(write_bytes(tx, 20001, std::uint8_t(i)));
+    REQUIRE(write_bytes(tx, 20001, std::uint8_t(i + 1)));
     check_bytes(read_inline(rx), 20001, std::uint8_t(i));
+    check_bytes(read_inline(rx), 20001, std::uint8_t(i + 1));
   }
   REQUIRE(write_bytes(tx, 7, 1));  // two unread at once
   REQUIRE(write_bytes(tx, 9, 2));
   check_bytes(read_inline(rx), 7, 1);
   check_bytes(read_inline(rx), 9, 2);
+}
+
+TEST_CASE("A sender that finds the ring empty writes its next frame at the ring's start, so the ends touch few bytes", "[rooms][shm]")
+{
+  const auto name = ring_name("rewind");
+  auto rx = open_end(name, ShmRing::End::receiver);
+  const RingView view(name, 64 * 1024);
+  auto word_at = [&](std::uint64_t off) { return view.word(off); };
+  auto tx = open_end(name, ShmRing::End::sender);
+  // 300 frames of 1,000 bytes (1,008 with the length word), each read before the next: walking, 4.6 laps;
+  // wrapping as soon as the start leaves room for 16 of them and the reserve (4 KiB in a 64 KiB ring),
+  // at 21 x 1,008 = 21,168 bytes in, never past that
+  for (int i = 0; i < 300; ++i) {
+    REQUIRE(write_bytes(tx, 1000, std::uint8_t(i)));
+    check_bytes(read_inline(rx), 1000, std::uint8_t(i));
+  }
+  CHECK(word_at(0) == 1000);
+  CHECK(word_at(20 * 1008) == 1000);
+  CHECK(word_at(21 * 1008) == ShmRing::wrap);
+  for (std::uint64_t off = 21 * 1008 + 8; off < 64 * 1024; off += 8) REQUIRE(word_at(off) == 0);  // never written
+  // frames of 20,001 bytes cannot wrap in this ring (16 of them do not fit): they walk and straddle its end
+  for (int i = 0; i < 10; ++i) {
+    REQUIRE(write_bytes(tx, 20001, std::uint8_t(i)));
+    check_bytes(read_inline(rx), 20001, std::uint8_t(i));
+  }
 }
 
 TEST_CASE("A message the ring has no room for becomes an over-the-group frame, never a wait", "[rooms][shm]")
@@ -122,22 +192,8 @@ TEST_CASE("A ring wait ends with a named error: a silent peer at the timeout, a 
     CHECK_THROWS_WITH(read_inline(rx), Catch::Contains("whose process (pid " + std::to_string(child) + ") has exited"));
     CHECK(std::chrono::steady_clock::now() - t0 < 5s);  // not the minute's timeout
   }
-  {
-    const auto name = ring_name("corrupt");
-    auto rx = open_end(name, ShmRing::End::receiver);
-    // another program maps the ring while its name is there ...
-    const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
-    REQUIRE(fd >= 0);
-    void* p = ::mmap(nullptr, mpx::detail::ring_data_offset + 8, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    auto tx = open_end(name, ShmRing::End::sender);
-    REQUIRE(write_bytes(tx, 100, 0));
-    // ... and overwrites the frame's length word: more than the ring holds
-    const std::uint64_t bad = std::uint64_t(1) << 40;
-    std::memcpy(static_cast<std::uint8_t*>(p) + mpx::detail::ring_data_offset, &bad, 8);
-    ::munmap(p, mpx::detail::ring_data_offset + 8);
-    CHECK_THROWS_AS(read_inline(rx), mpx::peer_error);
-  }
+  check_corrupt_frame("corrupt", std::uint64_t(1) << 40, "that it cannot hold");  // a length more than the ring holds
+  check_corrupt_frame("wrap", ShmRing::wrap, "says its next frame is at its start, but nothing is there");  // "go to the start", nothing there
 }
 
 TEST_CASE("A ring one end never opened: the receiver removes its name when it closes, the sender leaves it for the receiver", "[rooms][shm]")

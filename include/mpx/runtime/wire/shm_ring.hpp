@@ -10,6 +10,13 @@
 /// message goes over Gloo as a packed message (boundary_links.hpp), so sends never wait on a ring and a
 /// schedule that is deadlock-free over Gloo is deadlock-free here.
 ///
+/// A sender that finds the ring empty, at least 16 of its frames plus the reserve from the ring's start,
+/// writes its next frame at the start (a `wrap` word where it stood says so). So the bytes both ends touch
+/// are the few that the messages in flight need, and they stay in the CPUs' caches, instead of a walk
+/// through the whole ring: with the default 8 MiB ring and 16 KB messages a send's copy took 23–29 µs
+/// walking and 2–3 µs wrapping (2026-12-05). Until the receiver reads the `wrap` word, the ring holds
+/// at least 16 such frames more; rings too small for that, or messages too large, walk as before.
+///
 /// The segment's pages are allocated and mapped when it is opened (a fresh page of shared memory costs a
 /// fault on each side the first time a frame reaches it: ~50 µs for a 16 KB message before this), so a
 /// ring holds its whole size in memory from the start, and a /dev/shm without room for it is a
@@ -131,6 +138,8 @@ class ShmRing
   using clock = std::chrono::steady_clock;
   /// A frame word saying that the message travels over the group instead (its length in the low bits).
   static constexpr std::uint64_t over_group = std::uint64_t(1) << 63;
+  /// A frame word saying that the next frame is at the ring's start (the next lap's first byte).
+  static constexpr std::uint64_t wrap = std::uint64_t(1) << 62;
   /// The smallest ring, in bytes.
   static constexpr std::uint64_t min_capacity = 4 * 1024;
 
@@ -144,23 +153,25 @@ class ShmRing
   ~ShmRing();
 
   /// Writes a frame of `bytes` message bytes that `fill(put)` copies in, calling put(source, n) in order,
-  /// if it fits the free space less a reserve of capacity / 16 (room for capacity / 128 "over the group"
-  /// frames); returns whether it did.
+  /// if it fits the free space less a reserve (`reserve()`: room for that many bytes of "over the group"
+  /// frames); returns whether it did. When the ring is empty the frame goes to its start (see the file comment).
   template <class Fill>
   bool try_write(std::uint64_t bytes, Fill&& fill)
   {
     const std::uint64_t need = 8 + pad(bytes);
-    const std::uint64_t w = ctl_->written.load(std::memory_order_relaxed);
-    if (capacity_ - (w - ctl_->read.load(std::memory_order_acquire)) < need + capacity_ / 16) return false;
+    const std::uint64_t w = ctl_->written.load(std::memory_order_relaxed), r = ctl_->read.load(std::memory_order_acquire);
+    const std::uint64_t start = wrap_start(w, r, need);
+    if (capacity_ - (start - r) < need + reserve()) return false;
     std::uint64_t at = w;
+    if (start != w) copy_in(at, &wrap, 8), at = start;
     copy_in(at, &bytes, 8);
     fill([&](const void* src, std::uint64_t n) { copy_in(at, src, n); });
-    publish(w + need);
+    publish(start + need);
     return true;
   }
 
   /// Writes a frame saying that a message of `bytes` goes over the group (waits only if the ring holds
-  /// more than capacity / 128 unread frames).
+  /// more than reserve() / 8 unread frames).
   void write_over_group(std::uint64_t bytes, const std::string& what);
 
   /// The next frame: a message as a fresh byte tensor (`over` false), or the length of one that comes
@@ -169,6 +180,16 @@ class ShmRing
 
  private:
   static std::uint64_t pad(std::uint64_t n) { return (n + 7) & ~std::uint64_t(7); }
+  /// Free bytes a data frame leaves for "over the group" frames: 64 KiB (8192 of them), less in small rings.
+  std::uint64_t reserve() const { return std::min<std::uint64_t>(capacity_ / 16, 64 * 1024); }
+  /// Where a frame of `need` bytes goes when the sender stands at `w` and the receiver at `r`: the next
+  /// lap's start when the ring is empty and the start leaves room for 16 such frames (the receiver may
+  /// read them later than the `wrap` word that frees the rest), else `w`.
+  std::uint64_t wrap_start(std::uint64_t w, std::uint64_t r, std::uint64_t need) const
+  {
+    const std::uint64_t off = w & (capacity_ - 1);
+    return r == w && off >= 16 * need + reserve() ? w + (capacity_ - off) : w;
+  }
 
   void copy_in(std::uint64_t& at, const void* src, std::uint64_t n);
   void copy_out(std::uint64_t& at, void* dst, std::uint64_t n) const;
@@ -272,13 +293,22 @@ MPX_DECL at::Tensor ShmRing::read(bool& over, std::uint64_t& over_bytes, const s
              ctl_->sender_pid, what + ": nothing arrived");
   std::uint64_t word = 0, at = r;
   copy_out(at, &word, 8);
+  std::uint64_t avail = ctl_->written.load(std::memory_order_acquire) - r;
+  if (word == wrap) {  // the frame is at the next lap's start, published with this word
+    const std::uint64_t skip = capacity_ - (r & (capacity_ - 1));
+    if (avail < skip + 8)
+      throw peer_error(what + ": the shared-memory ring " + name_ + " says its next frame is at its start, but nothing is there (corrupt, or written by another program); restart the run");
+    at = r + skip, avail -= skip;
+    copy_out(at, &word, 8);
+    if (word == wrap) throw peer_error(what + ": the shared-memory ring " + name_ + " wraps twice in a row (corrupt); restart the run");
+  }
+  const std::uint64_t frame = at - 8;  // where the frame that counts starts
   over = (word & over_group) != 0;
   const std::uint64_t bytes = word & ~over_group;
-  const std::uint64_t avail = ctl_->written.load(std::memory_order_acquire) - r;
   if (over) {
     if (bytes > (std::uint64_t(1) << 40)) throw peer_error(what + ": the shared-memory ring " + name_ + " announces a message of " + std::to_string(bytes) + " bytes (corrupt); restart the run");
     over_bytes = bytes;
-    consume(r + 8);
+    consume(frame + 8);
     return {};
   }
   if (bytes > capacity_ || 8 + pad(bytes) > avail)
@@ -286,7 +316,7 @@ MPX_DECL at::Tensor ShmRing::read(bool& over, std::uint64_t& over_bytes, const s
                      " bytes that it cannot hold (corrupt, or written by another program); restart the run");
   at::Tensor msg = torch::empty({std::int64_t(bytes)}, torch::kByte);
   copy_out(at, msg.data_ptr<std::uint8_t>(), bytes);
-  consume(r + 8 + pad(bytes));
+  consume(frame + 8 + pad(bytes));
   return msg;
 }
 
