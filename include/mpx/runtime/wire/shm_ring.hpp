@@ -140,6 +140,8 @@ class ShmRing
   static constexpr std::uint64_t over_group = std::uint64_t(1) << 63;
   /// A frame word saying that the next frame is at the ring's start (the next lap's first byte).
   static constexpr std::uint64_t wrap = std::uint64_t(1) << 62;
+  /// How many frames of a message's size the ring's start must have room for before a sender wraps to it.
+  static constexpr std::uint64_t wrap_room_frames = 16;
   /// The smallest ring, in bytes.
   static constexpr std::uint64_t min_capacity = 4 * 1024;
 
@@ -183,12 +185,12 @@ class ShmRing
   /// Free bytes a data frame leaves for "over the group" frames: 64 KiB (8192 of them), less in small rings.
   std::uint64_t reserve() const { return std::min<std::uint64_t>(capacity_ / 16, 64 * 1024); }
   /// Where a frame of `need` bytes goes when the sender stands at `w` and the receiver at `r`: the next
-  /// lap's start when the ring is empty and the start leaves room for 16 such frames (the receiver may
-  /// read them later than the `wrap` word that frees the rest), else `w`.
+  /// lap's start when the ring is empty and the start leaves room for `wrap_room_frames` such frames (the
+  /// receiver may read them later than the `wrap` word that frees the rest), else `w`.
   std::uint64_t wrap_start(std::uint64_t w, std::uint64_t r, std::uint64_t need) const
   {
     const std::uint64_t off = w & (capacity_ - 1);
-    return r == w && off >= 16 * need + reserve() ? w + (capacity_ - off) : w;
+    return r == w && off >= wrap_room_frames * need + reserve() ? w + (capacity_ - off) : w;
   }
 
   void copy_in(std::uint64_t& at, const void* src, std::uint64_t n);
