@@ -41,6 +41,7 @@ struct Setup
   torch::optim::Optimizer* opt = nullptr;
   int microbatches = 1;
   std::vector<int64_t> message;  ///< the shape of one micro-batch's activation (and its gradient)
+  bool verbose = false;          ///< every step's parts on every rank (--verbose)
 };
 
 /// The median step time (seconds) over `steps` steps after 2 warm-up ones, the slower rank's.
@@ -58,7 +59,7 @@ inline double run(const Setup& su, int rank, const std::vector<at::Tensor>& batc
     const auto mu = std::size_t(m);
     std::vector<at::Tensor> in(mu), out(mu), buf(mu);
     std::vector<c10::intrusive_ptr<c10d::Work>> recvs(mu), sends;
-    double compute = 0;  // forward and backward time after their receive arrived (MPX_BENCH_VERBOSE)
+    double compute = 0;  // forward and backward time after their receive arrived (--verbose)
     for (int i = 0; i < m; ++i) {  // every receive posted ahead: activations on rank 1, gradients on rank 0
       buf[i] = torch::empty(su.message);
       std::vector<at::Tensor> v{buf[i]};
@@ -104,7 +105,7 @@ inline double run(const Setup& su, int rank, const std::vector<at::Tensor>& batc
     const auto t2 = clock::now();
     su.opt->zero_grad();
     const auto t3 = clock::now();
-    if (std::getenv("MPX_BENCH_VERBOSE"))
+    if (su.verbose)
       std::printf("rank %d step %d: %.1f ms = schedule %.1f (compute %.1f) + optimizer %.1f + rest\n", rank, s, ms(t0, t3), ms(t0, t1),
                   compute, ms(t1, t2));
     if (s >= 2) times.push_back(ms(t0, t3) / 1e3);

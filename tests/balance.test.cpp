@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests for mpx/balance.hpp: the proof under declared costs, the balancer against every possible cut, ranges
+// Tests for mpx/balance.hpp: the proof under declared costs, the balancer against every possible partition, ranges
 // computed at compile time feeding Layers<b, e>, and print's per-slot load.
 #include "support/archetypes.hpp"
 #include "support/catch.hpp"
@@ -13,18 +13,18 @@ using namespace mpx;
 
 namespace
 {
-/// The shortest predicted step over every cut of `layers` into `slots` non-empty ranges (brute force).
+/// The shortest predicted step over every partition of `layers` into `slots` non-empty ranges (brute force).
 template <class Tag>
 constexpr std::int64_t best_step(std::span<const LayerCost> layers, int slots, int m, int frozen = 0)
 {
   const int L = int(layers.size());
   std::int64_t best = -1;
-  Cuts c{};
+  Partition c{};
   c[std::size_t(slots)] = L;
-  // odometer over the interior cuts 0 < c[1] < ... < c[slots-1] < L
+  // odometer over the interior edges 0 < c[1] < ... < c[slots-1] < L
   for (int k = 1; k < slots; ++k) c[std::size_t(k)] = k;
   while (true) {
-    const std::int64_t t = predict<Tag>(cut_layout(c, slots, m, frozen), stage_costs(layers, c, slots, frozen)).makespan;
+    const std::int64_t t = predict<Tag>(partition_layout(c, slots, m, frozen), stage_costs(layers, c, slots, frozen)).makespan;
     if (best < 0 || t < best) best = t;
     int k = slots - 1;
     while (k >= 1 && c[std::size_t(k)] == L - (slots - k)) --k;
@@ -36,9 +36,9 @@ constexpr std::int64_t best_step(std::span<const LayerCost> layers, int slots, i
 }
 
 template <class Tag>
-constexpr std::int64_t step_of(std::span<const LayerCost> layers, const Cuts& c, int slots, int m, int frozen = 0)
+constexpr std::int64_t step_of(std::span<const LayerCost> layers, const Partition& c, int slots, int m, int frozen = 0)
 {
-  return predict<Tag>(cut_layout(c, slots, m, frozen), stage_costs(layers, c, slots, frozen)).makespan;
+  return predict<Tag>(partition_layout(c, slots, m, frozen), stage_costs(layers, c, slots, frozen)).makespan;
 }
 
 constexpr std::array<LayerCost, 8> uniform{{{1, 2}, {1, 2}, {1, 2}, {1, 2}, {1, 2}, {1, 2}, {1, 2}, {1, 2}}};
@@ -94,14 +94,14 @@ TEST_CASE("Declared costs move the predicted step: a stage twice as heavy sets t
   STATIC_REQUIRE(prove(OneFOneB::table(l), nullptr, &c).makespan == p.makespan);  // flat and compressed agree
 }
 
-TEST_CASE("The balancer finds the shortest predicted step of every possible cut", "[balance]")
+TEST_CASE("The balancer finds the shortest predicted step of every possible partition", "[balance]")
 {
-  STATIC_REQUIRE(balance<OneFOneB>(uniform, 4, 8) == Cuts{0, 2, 4, 6, 8});
+  STATIC_REQUIRE(balance<OneFOneB>(uniform, 4, 8) == Partition{0, 2, 4, 6, 8});
   STATIC_REQUIRE(balance<GPipe>(uniform, 2, 4)[1] == 4);
   for (int slots : {2, 3, 4}) {
     for (int m : {1, 4, 8}) {
       CAPTURE(slots, m);
-      const Cuts c1 = balance<OneFOneB>(uneven, slots, m), cz = balance<ZBH1>(uneven, slots, m);
+      const Partition c1 = balance<OneFOneB>(uneven, slots, m), cz = balance<ZBH1>(uneven, slots, m);
       CHECK(step_of<OneFOneB>(uneven, c1, slots, m) == best_step<OneFOneB>(uneven, slots, m));
       CHECK(step_of<ZBH1>(uneven, cz, slots, m) <= best_step<ZBH1>(uneven, slots, m) * 105 / 100);  // within 5 %
       CHECK(step_of<GPipe>(uneven, balance<GPipe>(uneven, slots, m), slots, m) == best_step<GPipe>(uneven, slots, m));
@@ -109,37 +109,37 @@ TEST_CASE("The balancer finds the shortest predicted step of every possible cut"
   }
 }
 
-TEST_CASE("The naive cut splits by layer count, the longer ranges first", "[balance][static]")
+TEST_CASE("The naive partition divides by layer count, the longer ranges first", "[balance][static]")
 {
-  STATIC_REQUIRE(even_cut(8, 4) == Cuts{0, 2, 4, 6, 8});
-  STATIC_REQUIRE(even_cut(7, 3) == Cuts{0, 3, 5, 7});
-  STATIC_REQUIRE(even_cut(3, 4)[4] == 0);  // more slots than layers: no cut
+  STATIC_REQUIRE(even_partition(8, 4) == Partition{0, 2, 4, 6, 8});
+  STATIC_REQUIRE(even_partition(7, 3) == Partition{0, 3, 5, 7});
+  STATIC_REQUIRE(even_partition(3, 4)[4] == 0);  // more slots than layers: no partition
 }
 
 TEST_CASE("With a frozen encoder in front the balancer gives its slot text layers too, and a forward-only encoder slot when that is best", "[balance][frozen]")
 {
   // 4 frozen vision layers (forward 3 each), 8 text layers (6 + 12): the naive vision | text x 3 split
-  constexpr Cuts naive{0, 4, 7, 10, 12};
-  constexpr Cuts cut = balance<OneFOneB>(vlm, 4, 8, 4);
-  STATIC_REQUIRE(cut[1] > 4);  // the encoder's slot takes text layers: its 12 units of forwards alone leave it idle
-  CHECK(step_of<OneFOneB>(vlm, cut, 4, 8, 4) == best_step<OneFOneB>(vlm, 4, 8, 4));
-  CHECK(step_of<OneFOneB>(vlm, cut, 4, 8, 4) < step_of<OneFOneB>(vlm, naive, 4, 8, 4));
+  constexpr Partition naive{0, 4, 7, 10, 12};
+  constexpr Partition part = balance<OneFOneB>(vlm, 4, 8, 4);
+  STATIC_REQUIRE(part[1] > 4);  // the encoder's slot takes text layers: its 12 units of forwards alone leave it idle
+  CHECK(step_of<OneFOneB>(vlm, part, 4, 8, 4) == best_step<OneFOneB>(vlm, 4, 8, 4));
+  CHECK(step_of<OneFOneB>(vlm, part, 4, 8, 4) < step_of<OneFOneB>(vlm, naive, 4, 8, 4));
   // the naive split's first stage is forward only, and predicted that way
-  STATIC_REQUIRE(cut_layout(naive, 4, 8, 4).forward_only == 1);
-  STATIC_REQUIRE(cut_layout(cut, 4, 8, 4).forward_only == 0);
-  STATIC_REQUIRE(predict<OneFOneB>(cut_layout(naive, 4, 8, 4), stage_costs(vlm, naive, 4, 4)).peak_in_flight[0] == 0);
+  STATIC_REQUIRE(partition_layout(naive, 4, 8, 4).forward_only == 1);
+  STATIC_REQUIRE(partition_layout(part, 4, 8, 4).forward_only == 0);
+  STATIC_REQUIRE(predict<OneFOneB>(partition_layout(naive, 4, 8, 4), stage_costs(vlm, naive, 4, 4)).peak_in_flight[0] == 0);
   // when the encoder is the heaviest part it stays alone, forward only
   constexpr std::array<LayerCost, 3> heavy{{{20, 40}, {1, 2}, {1, 2}}};
-  STATIC_REQUIRE(balance<OneFOneB>(heavy, 2, 4, 1) == Cuts{0, 1, 3});
+  STATIC_REQUIRE(balance<OneFOneB>(heavy, 2, 4, 1) == Partition{0, 1, 3});
 }
 
 TEST_CASE("Layers<b, e> ranges computed at compile time from a module's declared costs", "[balance][static]")
 {
-  constexpr Cuts cut = balance<OneFOneB>(Toy::layer_costs, 3, 8);
-  using P = Pipeline<Stage<Toy, CPU<0>, Layers<cut[0], cut[1]>>, Stage<Toy, CPU<1>, Layers<cut[1], cut[2]>>,
-                     Stage<Toy, CPU<2>, Layers<cut[2], cut[3]>>, Microbatches<8>>;
+  constexpr Partition part = balance<OneFOneB>(Toy::layer_costs, 3, 8);
+  using P = Pipeline<Stage<Toy, CPU<0>, Layers<part[0], part[1]>>, Stage<Toy, CPU<1>, Layers<part[1], part[2]>>,
+                     Stage<Toy, CPU<2>, Layers<part[2], part[3]>>, Microbatches<8>>;
   STATIC_REQUIRE(P::declares_costs);
-  STATIC_REQUIRE(cut == Cuts{0, 2, 7, 9});  // 33, 33 and 24 units of the 90
+  STATIC_REQUIRE(part == Partition{0, 2, 7, 9});  // 33, 33 and 24 units of the 90
   STATIC_REQUIRE(P::stage_costs.forward[0] == 11);
   STATIC_REQUIRE(P::stage_costs.backward[2] == 16);
   STATIC_REQUIRE(P::predicted.ok());

@@ -7,7 +7,7 @@
 // CKPT is a checkpoint root (its `latest` is used) or one step-NNNNNNNN directory. The export is a plain
 // safetensors file: LibTorch (`mpx::load_safetensors`), Python's `safetensors` or a few lines of Python
 // (docs/08_checkpoints_and_restarts.md) read it.
-#include <mpx/runtime/state_io.hpp>
+#include <mpx/runtime/checkpoint.hpp>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -38,7 +38,7 @@ int main(int argc, char** argv)
       for (auto& [file, sum] : m.files) {
         mpx::detail::verified(m, file, co);
         std::cout << fmt::format("  {:<40} {:>12} bytes  {:>4} tensors{}{}\n", file, sum.bytes, sum.tensors.size(),
-                                 sum.global_names ? ", global names" : "", sum.splits.empty() ? "" : fmt::format(", {} split", sum.splits.size()));
+                                 sum.global_names ? ", global names" : "", sum.cuts.empty() ? "" : fmt::format(", {} cut", sum.cuts.size()));
       }
       co.checksums = false;  // every file was verified just above
       const auto whole = mpx::consolidated_weights(m, co);

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // mpxrun: starts the ranks of an mpx program without Python (torchrun's variables, one process per rank).
 //   mpxrun --nproc-per-node N [--max-restarts K] [--nnodes K --node-rank R --master-addr A --master-port P] prog args...
-#include <mpx/runtime/launch.hpp>
+#include <mpx/runtime/launch/launch.hpp>
 
 #include <CLI/CLI.hpp>
 

@@ -6,16 +6,17 @@
 #include "../handwritten.hpp"
 #include "model.hpp"
 
-#include <mpx/torch/host_memory.hpp>  // the same allocator as the mpx modes (only this standalone header of mpx)
+#include <mpx/runtime/launch/env.hpp>  // the same settings as the mpx modes
+#include <mpx/torch/host_memory.hpp>  // the same allocator as the mpx modes
 
 using namespace bench;
 
 int main(int argc, char** argv)
 {
   torch::set_num_threads(1);
-  mpx::keep_host_memory();  // large tensors from a cache, as make_world does for the mpx modes
+  if (mpx::read_env().keep_host_memory) mpx::keep_host_memory();  // large tensors from a cache, as make_world does for the mpx modes
   const int steps = argc > 1 ? std::atoi(argv[1]) : 10;
-  const int rank = std::atoi(std::getenv("RANK"));
+  const int rank = mpx::read_env().rank;
   try {
     torch::manual_seed(rank);
     Stack stage(layers_total / 2);

@@ -3,9 +3,10 @@
 //   single          one rank running the whole model, micro-batch after micro-batch;
 //   mpx <schedule>  two CPU ranks, one stage each (interleaved: two chunks each), under mpx::Trainer;
 //   dp2-1f1b        2 replicas x 2 stages (4 ranks) under 1F1B: data parallelism's bucket all-reduce, which
-//                   starts inside the last backward (MPX_BENCH_OVERLAP=0: after it; MPX_BENCH_BUCKET_MB: size).
+//                   starts inside the last backward (--no-overlap: after it; --bucket-mb=X: size).
 // One intra-op thread per rank. Prints "result <mode> <median seconds per step>" on rank 0.
-//   pipeline_bench single|gpipe|1f1b|zbh1|interleaved|dp2-1f1b [steps]
+//   pipeline_bench single|gpipe|1f1b|zbh1|interleaved|dp2-1f1b [steps] [flags: ../flags.hpp]
+#include "../flags.hpp"
 #include "model.hpp"
 
 #include <mpx/mpx.hpp>
@@ -31,7 +32,7 @@ double median(std::vector<double> v)
 
 int single(int steps)
 {
-  mpx::keep_host_memory();  // as make_world does in the pipelined modes
+  if (mpx::read_env().keep_host_memory) mpx::keep_host_memory();  // as make_world does in the pipelined modes
   torch::manual_seed(0);
   Stack model(layers_total);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-4));
@@ -62,23 +63,23 @@ int pipelined(const char* name, int steps, int argc, char** argv, int replicas =
   };
   mpx::TrainOptions o;
   o.lr = mpx::WarmupCosine{1e-4, 0, 1, 1.0};
-  const char* trace = std::getenv("MPX_BENCH_TRACE");  // write the last step's Chrome trace there
-  o.trace = trace != nullptr;
-  if (const char* ov = std::getenv("MPX_BENCH_OVERLAP")) o.overlap_reduction = std::string(ov) != "0";
-  if (const char* mb = std::getenv("MPX_BENCH_BUCKET_MB")) o.bucket_bytes = std::size_t(std::atof(mb) * (1 << 20));
+  const bench::Flags flags = bench::flags_of(argc, argv);
+  o.trace = !flags.trace.empty();  // write the last step's Chrome trace there
+  if (flags.no_overlap) o.overlap_reduction = false;
+  if (flags.bucket_mb > 0) o.bucket_bytes = std::size_t(flags.bucket_mb * (1 << 20));
   mpx::Trainer<P, torch::Tensor> trainer(world, make, [](const torch::Tensor& x) { return x; }, loss, o);
   std::vector<double> t, idle;
   const auto data = batches(steps + 2);
   for (int s = 0; s < steps + 2; ++s) {
     const auto t0 = std::chrono::steady_clock::now();  // the whole call, as the hand-written program times its step
-    auto st = trainer.step(mpx::split_microbatches(data[std::size_t(s)], microbatches));
+    auto st = trainer.step(mpx::slice_microbatches(data[std::size_t(s)], microbatches));
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s >= 2) t.push_back(wall), idle.push_back(1.0 - st.compute_seconds / st.seconds);
-    if (std::getenv("MPX_BENCH_VERBOSE"))
+    if (flags.verbose)
       std::printf("rank %d step %d: %.1f ms = schedule %.1f (compute %.1f, waits %.1f) + optimizer %.1f + rest\n", env.rank, s,
                   st.seconds * 1e3, st.schedule_seconds * 1e3, st.compute_seconds * 1e3, st.wait_seconds * 1e3, st.optimizer_seconds * 1e3);
   }
-  if (trace) trainer.write_trace(trace);
+  if (o.trace) trainer.write_trace(flags.trace);
   // the step time of the slowest rank
   auto mx = torch::full({1}, median(t), torch::kDouble);
   std::vector<at::Tensor> v{mx};
@@ -96,8 +97,9 @@ int pipelined(const char* name, int steps, int argc, char** argv, int replicas =
 int main(int argc, char** argv)
 {
   torch::set_num_threads(1);
-  const std::string mode = argc > 1 ? argv[1] : "single";
-  const int steps = argc > 2 ? std::atoi(argv[2]) : 10;
+  const auto args = bench::positional_of(argc, argv);
+  const std::string mode = args.size() > 1 ? args[1] : "single";
+  const int steps = args.size() > 2 ? std::stoi(args[2]) : 10;
   try {
     if (mode == "single") return single(steps);
     if (mode == "gpipe") return pipelined<P2<mpx::GPipe>>("gpipe", steps, argc, argv);

@@ -44,12 +44,13 @@ export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.malloc.mmap_threshold=268435456:gl
 work=$(mktemp -d)
 : > "$work/split.txt"
 trap 'rm -rf "$work"' EXIT
-run() {  # <mode> <m>: the contender's output, without rank prefixes
-  case $1 in
-    handwritten) "$mpxrun" --no-prefix --nproc-per-node 2 "$bench" handwritten "$2" "$steps" ;;
-    py-*) "$mpxrun" --no-prefix --nproc-per-node 2 "$python" "$py" "${1#py-}" "$2" "$steps" ;;
-    1f1b-gloo) MPX_SHM=0 "$bench" 1f1b "$2" "$steps" ;;  # mpx 1F1B with its messages over Gloo, as the baselines' are
-    *) "$bench" "$1" "$2" "$steps" ;;
+run() {  # <mode> <m> [flags]: the contender's output, without rank prefixes
+  local mode=$1 m=$2; shift 2
+  case $mode in
+    handwritten) "$mpxrun" --no-prefix --nproc-per-node 2 "$bench" handwritten "$m" "$steps" ;;
+    py-*) "$mpxrun" --no-prefix --nproc-per-node 2 "$python" "$py" "${mode#py-}" "$m" "$steps" ;;
+    1f1b-gloo) MPX_SHM=0 "$bench" 1f1b "$m" "$steps" "$@" ;;  # mpx 1F1B with its messages over Gloo, as the baselines' are
+    *) "$bench" "$mode" "$m" "$steps" "$@" ;;
   esac | sed 's/^\[rank [0-9]*\] //'
 }
 for ((r = 0; r < rounds; r++)); do
@@ -66,7 +67,7 @@ for ((r = 0; r < rounds; r++)); do
     done
   done
 done
-for m in $ms; do for k in 1 2 3 4 5; do MPX_BENCH_TRACE="$work/trace_${m}_$k.json" run 1f1b "$m" > /dev/null; done; done  # per-action costs: 5 runs' last steps
+for m in $ms; do for k in 1 2 3 4 5; do run 1f1b "$m" --trace="$work/trace_${m}_$k.json" > /dev/null; done; done  # per-action costs: 5 runs' last steps
 out=${RESULTS_DIR:-benchmarks/results}/${name}_$(hostname -s)_$(date +%Y%m%d).md
 source benchmarks/results_file.sh && keep_earlier "$out"
 {

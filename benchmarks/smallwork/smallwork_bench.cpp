@@ -14,7 +14,7 @@
 // One intra-op thread per rank. Rank 0 prints "result <mode> <median seconds per step> m <m>"; mpx modes also
 // print, per rank, "detail <rank> <step> <schedule> <compute> <wait> <optimizer> <end-of-step>" (medians, ms:
 // end-of-step is the step less its schedule walk and its optimizer steps: gradient statistics, the loss
-// and norm all-reduce, zeroing). MPX_BENCH_TRACE=<file> writes the last step's Chrome trace (mpx modes).
+// and norm all-reduce, zeroing). --trace=FILE writes the last step's Chrome trace (mpx modes).
 //   smallwork_bench MODE M [steps]
 #include "../handwritten.hpp"
 #include "../runtime/model.hpp"
@@ -41,7 +41,7 @@ torch::Tensor loss(const torch::Tensor& y) { return y.pow(2).mean(); }
 
 int one_process(bool whole, int m, int steps)
 {
-  mpx::keep_host_memory();  // as make_world does in the pipelined modes
+  if (mpx::read_env().keep_host_memory) mpx::keep_host_memory();  // as make_world does in the pipelined modes
   torch::manual_seed(0);
   bench::Stack model(2 * layers_per_stage, width);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-4));
@@ -62,8 +62,8 @@ int one_process(bool whole, int m, int steps)
 
 int handwritten_run(int m, int steps)
 {
-  mpx::keep_host_memory();
-  const int rank = std::atoi(std::getenv("RANK"));
+  if (mpx::read_env().keep_host_memory) mpx::keep_host_memory();
+  const int rank = mpx::read_env().rank;
   torch::manual_seed(rank);
   bench::Stack stage(layers_per_stage, width);
   torch::optim::AdamW opt(stage->parameters(), torch::optim::AdamWOptions(1e-4));
@@ -102,11 +102,12 @@ int pipelined(const std::string& name, int steps, int argc, char** argv, bool ov
   // warm-up: 2 steps, and under a measured split its trials too (a start-up cost, like the warm-up's)
   const bool measures = std::is_same_v<Sched, mpx::ZBH1> && split == mpx::SplitBackward::measure;
   const int warm = measures ? 2 + 2 * o.split_trials : 2;
-  o.trace = std::getenv("MPX_BENCH_TRACE") != nullptr;
+  const std::string trace = bench::flags_of(argc, argv).trace;
+  o.trace = !trace.empty();
   mpx::Trainer<P, torch::Tensor> trainer(world, make, [](const torch::Tensor& x) { return x; },
                                          [](const torch::Tensor& y, const torch::Tensor&) { return loss(y); }, o);
   const auto data = batches(steps + warm, M);
-  return smallwork::run_steps(trainer, world, name, M, warm, steps, [&](int s) { return mpx::split_microbatches(data[std::size_t(s)], M); });
+  return smallwork::run_steps(trainer, world, name, M, warm, steps, [&](int s) { return mpx::slice_microbatches(data[std::size_t(s)], M); }, trace);
 }
 
 template <int M>

@@ -2,6 +2,8 @@
 #pragma once
 // What the small-work benchmarks share (smallwork_bench.cpp, vlm_bench.cpp): the median, a pipelined
 // contender's timed steps with the lines run.sh and report.py read, and the command line.
+#include "../flags.hpp"
+
 #include <mpx/mpx.hpp>
 
 #include <algorithm>
@@ -25,10 +27,11 @@ inline double median(std::vector<double> v)
 /// the warm-up. Prints per rank "detail <rank> <step> <schedule> <compute> <wait> <optimizer> <end-of-step>"
 /// (medians, ms; end-of-step is the step less its schedule walk and its optimizer steps), on rank 0
 /// "result <name> <the slower rank's median step, s> m <m>" and, when ZB-H1 measured its split,
-/// "split <kept 0|1> <split ms> <whole ms> <median split / whole>". MPX_BENCH_TRACE=<file> (with
-/// TrainOptions::trace set) writes the last step's Chrome trace.
+/// "split <kept 0|1> <split ms> <whole ms> <median split / whole>". `trace` (with TrainOptions::trace set):
+/// where the last step's Chrome trace goes ("": nowhere).
 template <class Trainer, class Microbatches>
-int run_steps(Trainer& trainer, mpx::World& world, const std::string& name, int m, int warm, int steps, Microbatches&& microbatches)
+int run_steps(Trainer& trainer, mpx::World& world, const std::string& name, int m, int warm, int steps, Microbatches&& microbatches,
+              const std::string& trace = "")
 {
   std::vector<double> t, sched, compute, wait, optim, rest;
   for (int s = 0; s < steps + warm; ++s) {
@@ -39,7 +42,7 @@ int run_steps(Trainer& trainer, mpx::World& world, const std::string& name, int 
     t.push_back(wall), sched.push_back(st.schedule_seconds), compute.push_back(st.compute_seconds), wait.push_back(st.wait_seconds);
     optim.push_back(st.optimizer_seconds), rest.push_back(wall - st.schedule_seconds - st.optimizer_seconds);
   }
-  if (const char* trace = std::getenv("MPX_BENCH_TRACE")) trainer.write_trace(trace);
+  if (!trace.empty()) trainer.write_trace(trace);
   const int rank = world.env.rank;
   std::printf("detail %d %.3f %.3f %.3f %.3f %.3f %.3f\n", rank, median(t) * 1e3, median(sched) * 1e3, median(compute) * 1e3,
               median(wait) * 1e3, median(optim) * 1e3, median(rest) * 1e3);
@@ -61,13 +64,14 @@ template <class OneProcess, class Pipelined>
 int main_of(int argc, char** argv, const char* modes, OneProcess&& one_process, Pipelined&& pipelined)
 {
   torch::set_num_threads(1);
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: %s %s M [steps]\n", argv[0], modes);
+  const auto args = bench::positional_of(argc, argv);
+  if (args.size() < 3) {
+    std::fprintf(stderr, "usage: %s %s M [steps] [--trace=FILE] [--verbose]\n", argv[0], modes);
     return 2;
   }
-  const std::string mode = argv[1];
-  const int m = std::atoi(argv[2]);
-  const int steps = argc > 3 ? std::atoi(argv[3]) : 20;
+  const std::string mode = args[1];
+  const int m = std::stoi(args[2]);
+  const int steps = args.size() > 3 ? std::stoi(args[3]) : 20;
   try {
     if (const int st = one_process(mode, m, steps); st >= 0) return st;
     switch (m) {

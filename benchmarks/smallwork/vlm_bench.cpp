@@ -73,7 +73,7 @@ moondream::Batch whole_batch(const std::vector<moondream::Batch>& mbs)
 
 int one_process(bool whole, int m, int steps)
 {
-  mpx::keep_host_memory();  // as make_world does in the pipelined modes
+  if (mpx::read_env().keep_host_memory) mpx::keep_host_memory();  // as make_world does in the pipelined modes
   const auto c = config();
   torch::manual_seed(0);
   moondream::Moondream model(c);
@@ -125,10 +125,11 @@ int pipelined(const std::string& name, int steps, int argc, char** argv, bool ov
   o.split_backward = split;
   const bool measures = std::is_same_v<Sched, mpx::ZBH1> && split == mpx::SplitBackward::measure;
   const int warm = measures ? 2 + 2 * o.split_trials : 2;
-  o.trace = std::getenv("MPX_BENCH_TRACE") != nullptr;
+  const std::string trace = bench::flags_of(argc, argv).trace;
+  o.trace = !trace.empty();
   mpx::Trainer<P, moondream::Batch> trainer(world, make, [](const moondream::Batch& b) { return b.crops; }, moondream::answer_loss, o);
   const auto batches = data(c, steps + warm, M);
-  return smallwork::run_steps(trainer, world, name, M, warm, steps, [&](int s) { return batches[std::size_t(s)]; });
+  return smallwork::run_steps(trainer, world, name, M, warm, steps, [&](int s) { return batches[std::size_t(s)]; }, trace);
 }
 
 template <int M>

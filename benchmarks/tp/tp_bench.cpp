@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tensor-parallel benchmark, one rank of N (mpxrun --nproc-per-node N; N = 1 is the unsplit model): the tiny
+// Tensor-parallel benchmark, one rank of N (mpxrun --nproc-per-node N; N = 1 is the whole model): the tiny
 // transformer of tests/support/tiny_tp_transformer.hpp at width 256, 4 heads, sequence 64, 8 rows, written
 // with mpx::tp blocks, training (forward, backward, SGD) under one TP group of all ranks.
 //   tp_bench <plain|sp> <steps>

@@ -81,7 +81,7 @@ int main(int argc, char** argv)
     double first = 0, last = 0;
     for (long step = 0; step < steps; ++step) {
       auto batch = make_batch(step * world.replicas + world.replica, 64);
-      const auto st = trainer.step(mpx::split_microbatches(batch, Model::num_microbatches));
+      const auto st = trainer.step(mpx::slice_microbatches(batch, Model::num_microbatches));
       if (step == 0) first = st.loss;
       last = st.loss;
       if (env.rank == 0 && (step % 10 == 0 || step + 1 == steps))

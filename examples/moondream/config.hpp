@@ -5,7 +5,7 @@
 /// (the generalised CPU demo), `tiny-reference`, `medium`, `md05`, `md2`. The port derives what the Python
 /// reference hard-codes: grid = crop / patch, image tokens = grid², prefix = 1 + grid².
 
-#include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/errors.hpp>  // mpx::config_error
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 

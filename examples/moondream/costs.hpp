@@ -5,10 +5,10 @@
 /// The model is a sequence of pieces: the encoder's blocks (the first with the patch embedding, the last with
 /// the stitching and the projection), then the decoder's layers (the first with the token embedding, the
 /// last with the head on the supervised positions). A piece costs the FLOPs of its matrix products forward,
-/// and twice that backward when it trains (a frozen encoder's never run backward). `mpx::balance` cuts the
+/// and twice that backward when it trains (a frozen encoder's never run backward). `mpx::balance` partitions the
 /// pieces into one range per device; each range is one `VisionText` stage (model.hpp).
 ///
-/// | `--layout` | devices | the cut                                                          |
+/// | `--layout` | devices | the partition                                                    |
 /// |---|---|---|
 /// | `2`        | 2       | vision \| text                                                   |
 /// | `2b`       | 2       | balanced by the costs                                            |
@@ -94,14 +94,14 @@ struct Plan
   std::string layout;
   int slots = 2;
   int vision_blocks = 0;    ///< V: pieces [0, V) are the encoder's
-  mpx::Cuts cut{};          ///< slot k holds pieces [cut[k], cut[k+1])
+  mpx::Partition part{};          ///< slot k holds pieces [part[k], part[k+1])
   int frozen_slots = 0;     ///< leading slots of frozen encoder blocks only: they run forward only
   mpx::StageCosts load{};   ///< each slot's cost per micro-batch
   mpx::Proof predicted{};   ///< the schedule's timeline under those costs
   Workload workload{};      ///< the micro-batch shape the costs are for
-  /// Whether slot 0 holds the whole encoder and nothing else (as layouts 2 and 4 cut).
-  bool vision_alone() const { return cut[1] == vision_blocks; }
-  std::pair<int, int> pieces(int k) const { return {cut[std::size_t(k)], cut[std::size_t(k) + 1]}; }
+  /// Whether slot 0 holds the whole encoder and nothing else (as layouts 2 and 4 part).
+  bool vision_alone() const { return part[1] == vision_blocks; }
+  std::pair<int, int> pieces(int k) const { return {part[std::size_t(k)], part[std::size_t(k) + 1]}; }
   /// The text layers [b, e) of slot k (b == e: none).
   std::pair<int, int> text_range(int k) const
   {
@@ -110,7 +110,7 @@ struct Plan
   }
 };
 
-/// The cut of `layout`: layouts 2 and 4 as `moondream_train` always cut them (vision alone, text in equal
+/// The partition of `layout`: layouts 2 and 4 as `moondream_train` always partition them (vision alone, text in equal
 /// ranges), 2b and 4b by `mpx::balance` under the schedule. With the encoder frozen, the leading slots that
 /// hold only its blocks run forward only (unless `forward_only` is false: then they run a backward too).
 inline Plan plan_of(const std::string& layout, const std::string& schedule, const Config& c, const Workload& w, int microbatches,
@@ -127,15 +127,15 @@ inline Plan plan_of(const std::string& layout, const std::string& schedule, cons
     throw mpx::config_error(fmt::format("moondream_train: {} vision blocks and {} text layers are too few for layout {}; choose a smaller layout",
                                         V, n, layout));
   with_schedule(schedule, [&]<class Tag>() {
-    if (is_balanced(layout)) p.cut = mpx::balance<Tag>(pieces, p.slots, microbatches, frozen);
+    if (is_balanced(layout)) p.part = mpx::balance<Tag>(pieces, p.slots, microbatches, frozen);
     else {
-      p.cut[1] = V;
-      for (int k = 1; k < p.slots; ++k) p.cut[std::size_t(k) + 1] = V + n * k / (p.slots - 1);
+      p.part[1] = V;
+      for (int k = 1; k < p.slots; ++k) p.part[std::size_t(k) + 1] = V + n * k / (p.slots - 1);
     }
-    mpx::Layout l = mpx::cut_layout(p.cut, p.slots, microbatches, frozen);
+    mpx::Layout l = mpx::partition_layout(p.part, p.slots, microbatches, frozen);
     if (!forward_only) l.forward_only = 0;
     p.frozen_slots = l.forward_only;
-    p.load = mpx::stage_costs(pieces, p.cut, p.slots, frozen);
+    p.load = mpx::stage_costs(pieces, p.part, p.slots, frozen);
     p.predicted = mpx::predict<Tag>(l, p.load);
   });
   return p;

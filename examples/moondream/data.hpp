@@ -16,7 +16,7 @@
 #include "model.hpp"      // moondream::Batch
 #include "tokenizer.hpp"  // moondream::Tokenizer
 
-#include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/errors.hpp>  // mpx::config_error
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 #include <stb/stb_image.h>    // stbi_load_from_memory

@@ -5,7 +5,7 @@
 /// or never end), each of bounded size, lines of bounded length. Every refusal is a config_error naming the
 /// file and the fix.
 
-#include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/errors.hpp>  // mpx::config_error
 
 #include <cstdint>     // std::uintmax_t
 #include <filesystem>  // std::filesystem

@@ -43,12 +43,12 @@ using FourStage = mpx::Pipeline<mpx::Stage<Vision, mpx::GPU<0>, VisionTraining<F
 template <int K, int FrozenSlots>
 using BalancedStage = mpx::Stage<VisionText, mpx::GPU<K>, VisionTraining<(K < FrozenSlots)>, mpx::Reads<"tokens">>;
 
-/// Layout 2b: two devices, the pieces cut where the costs say (ranges are run-time: the config decides them).
+/// Layout 2b: two devices, the pieces partitioned where the costs say (ranges are run-time: the config decides them).
 template <class Schedule, int FrozenSlots>
 using TwoStageBalanced = mpx::Pipeline<BalancedStage<0, FrozenSlots>, BalancedStage<1, FrozenSlots>, mpx::Batch<Batch>,
                                        mpx::Schedule<Schedule>, mpx::Microbatches<MOONDREAM_MICROBATCHES>>;
 
-/// Layout 4b: four devices, the pieces cut where the costs say.
+/// Layout 4b: four devices, the pieces partitioned where the costs say.
 template <class Schedule, int FrozenSlots>
 using FourStageBalanced = mpx::Pipeline<BalancedStage<0, FrozenSlots>, BalancedStage<1, FrozenSlots>, BalancedStage<2, FrozenSlots>,
                                         BalancedStage<3, FrozenSlots>, mpx::Batch<Batch>, mpx::Schedule<Schedule>,

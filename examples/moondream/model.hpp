@@ -72,11 +72,11 @@ inline std::map<std::string, torch::Tensor> named_weights(const torch::nn::Modul
   return out;
 }
 
-/// How each tensor-parallel-split parameter of `m` is split, under its global name (empty in a group of one).
-inline std::map<std::string, mpx::tp::Split> named_splits(const torch::nn::Module& m, const std::string& prefix, int first_block)
+/// How each tensor-parallel parameter of `m` is cut, under its global name (empty in a group of one).
+inline std::map<std::string, mpx::tp::Cut> named_cuts(const torch::nn::Module& m, const std::string& prefix, int first_block)
 {
-  std::map<std::string, mpx::tp::Split> out;
-  for (auto& [n, s] : mpx::tp::split_parameters(m)) out[global_name(n, prefix, first_block)] = s;
+  std::map<std::string, mpx::tp::Cut> out;
+  for (auto& [n, s] : mpx::tp::cut_parameters(m)) out[global_name(n, prefix, first_block)] = s;
   return out;
 }
 }  // namespace detail
@@ -160,7 +160,7 @@ struct VisionImpl : torch::nn::Module
   /// Blocks [begin, end) only (a balanced layout's piece of the encoder, costs.hpp): the first range also
   /// embeds the patches, the last also normalises, stitches and projects.
   VisionImpl(const Config& c, int begin_layer, int end_layer)
-      : cfg((check_splits(c.vision, mpx::tp::current()->size), c.vision)), begin(begin_layer), end(end_layer)
+      : cfg((check_cuts(c.vision, mpx::tp::current()->size), c.vision)), begin(begin_layer), end(end_layer)
   {
     TORCH_CHECK(0 <= begin && begin < end && end <= c.vision.enc_n_layers, "moondream::Vision: layer range [", begin, ", ", end,
                 ") is not inside [0, ", c.vision.enc_n_layers, ")");
@@ -178,14 +178,14 @@ struct VisionImpl : torch::nn::Module
   bool first() const { return begin == 0; }
   bool last() const { return end == cfg.enc_n_layers; }
 
-  /// A tensor-parallel degree must divide every split size of the vision config: heads, MLP widths (a
+  /// A tensor-parallel degree must divide every cut size of the vision config: heads, MLP widths (a
   /// run-time check: the sizes come from the JSON config).
-  static void check_splits(const VisionConfig& v, int n)
+  static void check_cuts(const VisionConfig& v, int n)
   {
     if (n == 1) return;
     auto need = [&](long size, const char* what) {
       if (size % n != 0)
-        throw mpx::config_error("moondream::Vision: vision tensor parallelism over " + std::to_string(n) + " ranks splits " + what + " (" +
+        throw mpx::config_error("moondream::Vision: vision tensor parallelism over " + std::to_string(n) + " ranks cuts " + what + " (" +
                                 std::to_string(size) + ") " + std::to_string(n) + " ways: choose --vision-tp among its divisors");
     };
     need(v.enc_n_heads, "the attention heads enc_n_heads");
@@ -252,13 +252,13 @@ struct VisionImpl : torch::nn::Module
     return proj_mlp(torch::stack(tokens));  // (B, P, D)
   }
 
-  /// Parameters under their global names (`vision.…`): this rank's shards of split ones.
+  /// Parameters under their global names (`vision.…`): this rank's shards of cut ones.
   std::map<std::string, torch::Tensor> named_weights() { return detail::named_weights(*this, "vision.", begin); }
-  std::map<std::string, mpx::tp::Split> named_splits() const { return detail::named_splits(*this, "vision.", begin); }
+  std::map<std::string, mpx::tp::Cut> named_cuts() const { return detail::named_cuts(*this, "vision.", begin); }
 
   VisionConfig cfg;
   int begin, end;
-  mpx::tp::GroupPtr tp_group = mpx::tp::current();  ///< the group its split parameters are split over
+  mpx::tp::GroupPtr tp_group = mpx::tp::current();  ///< the group its cut parameters are sharded over
   torch::nn::Linear patch_emb{nullptr};
   torch::Tensor pos_emb;
   torch::nn::ModuleList blocks;
@@ -350,8 +350,8 @@ TORCH_MODULE(TextBlock);
 
 /// Text decoder layers [begin, end): a pipeline stage (or, with [0, n_layers), the whole decoder). Its
 /// token table `wte` is split by vocabulary under tensor parallelism (a raw parameter, so Text itself is
-/// the `SplitModule` that says so).
-struct TextImpl : torch::nn::Module, mpx::tp::SplitModule
+/// the `CutModule` that says so).
+struct TextImpl : torch::nn::Module, mpx::tp::CutModule
 {
   using input_type = mpx::Ranked<3>;   // range 0: image embeddings (B, P, D); later ranges: hidden (B, T, D)
   using hidden_type = mpx::Ranked<3>;  // (B, T, D) with T = 1 + P + L
@@ -364,7 +364,7 @@ struct TextImpl : torch::nn::Module, mpx::tp::SplitModule
   {
     TORCH_CHECK(0 <= begin && begin < end && end <= c.text.n_layers, "moondream::Text: layer range [", begin, ", ", end,
                 ") is not inside [0, ", c.text.n_layers, ")");
-    check_splits(c.text, tp_group->size);
+    check_cuts(c.text, tp_group->size);
     if (first()) wte = register_parameter("wte", mpx::tp::shard(torch::randn({c.text.vocab_size, c.text.dim}) * 0.02, {"wte", 0, {}}, *tp_group));
     for (int i = begin; i < end; ++i) blocks->push_back(TextBlock(c.text));
     register_module("blocks", blocks);
@@ -377,19 +377,19 @@ struct TextImpl : torch::nn::Module, mpx::tp::SplitModule
   bool first() const { return begin == 0; }
   bool last() const { return end == cfg.text.n_layers; }
 
-  /// A tensor-parallel degree must divide every split size of the config (a run-time check: the sizes come
+  /// A tensor-parallel degree must divide every cut size of the config (a run-time check: the sizes come
   /// from the JSON config).
-  static void check_splits(const TextConfig& t, int n)
+  static void check_cuts(const TextConfig& t, int n)
   {
     if (n == 1) return;
     auto need = [&](long size, const char* what, const char* fix) {
       if (size % n != 0)
-        throw mpx::config_error("moondream::Text: text tensor parallelism over " + std::to_string(n) + " ranks splits " + what + " (" +
+        throw mpx::config_error("moondream::Text: text tensor parallelism over " + std::to_string(n) + " ranks cuts " + what + " (" +
                                 std::to_string(size) + ") " + std::to_string(n) + " ways: " + fix);
     };
     need(t.n_heads, "the attention heads", "choose --tp among the divisors of n_heads");
     if (t.n_kv_heads % n != 0 && n % t.n_kv_heads != 0)
-      throw mpx::config_error("moondream::Text: text tensor parallelism over " + std::to_string(n) + " ranks splits the key/value heads (" +
+      throw mpx::config_error("moondream::Text: text tensor parallelism over " + std::to_string(n) + " ranks cuts the key/value heads (" +
                               std::to_string(t.n_kv_heads) + ") " + std::to_string(n) + " ways, or shares each of them among " +
                               "--tp / n_kv_heads ranks: choose --tp among the divisors or the multiples of n_kv_heads");
     need(t.ff_dim, "the MLP width ff_dim", "choose --tp among the divisors of ff_dim");
@@ -443,13 +443,13 @@ struct TextImpl : torch::nn::Module, mpx::tp::SplitModule
   /// Parameters under their global names (`text.wte`, `text.blocks.{begin + i}.…`, `text.lm_head.…`): this
   /// rank's shards of split ones.
   std::map<std::string, torch::Tensor> named_weights() { return detail::named_weights(*this, "text.", begin); }
-  std::map<std::string, mpx::tp::Split> named_splits() const { return detail::named_splits(*this, "text.", begin); }
+  std::map<std::string, mpx::tp::Cut> named_cuts() const { return detail::named_cuts(*this, "text.", begin); }
 
-  // mpx::tp::SplitModule: the raw table
-  std::vector<mpx::tp::Split> splits() const override { return first() ? std::vector<mpx::tp::Split>{{"wte", 0, {}}} : std::vector<mpx::tp::Split>{}; }
+  // mpx::tp::CutModule: the raw table
+  std::vector<mpx::tp::Cut> cuts() const override { return first() ? std::vector<mpx::tp::Cut>{{"wte", 0, {}}} : std::vector<mpx::tp::Cut>{}; }
   const mpx::tp::GroupPtr& group() const override { return tp_group; }
 
-  mpx::tp::GroupPtr tp_group = mpx::tp::current();  ///< the group its split parameters are split over
+  mpx::tp::GroupPtr tp_group = mpx::tp::current();  ///< the group its cut parameters are sharded over
   Config cfg;
   int begin, end;
   Rotary rope;
@@ -500,11 +500,11 @@ struct VisionTextImpl : torch::nn::Module
     if (text) out.merge(text->named_weights());
     return out;
   }
-  std::map<std::string, mpx::tp::Split> named_splits() const
+  std::map<std::string, mpx::tp::Cut> named_cuts() const
   {
-    std::map<std::string, mpx::tp::Split> out;
-    if (vision) out.merge(vision->named_splits());
-    if (text) out.merge(text->named_splits());
+    std::map<std::string, mpx::tp::Cut> out;
+    if (vision) out.merge(vision->named_cuts());
+    if (text) out.merge(text->named_cuts());
     return out;
   }
 

@@ -64,6 +64,7 @@ struct Options
   int vision_tp = 1;              ///< tensor-parallel degree of the vision stage (layouts 2 and 2x2)
   std::string trace;              ///< a Chrome trace of the last step's actions on every rank (pipeline layouts)
   bool plan = false;              ///< print where layouts 2, 2b, 4 and 4b put the pieces and their predicted steps, then stop
+  bool profile = false;           ///< every step's times on stderr (every rank)
 
   int microbatches() const { return MOONDREAM_MICROBATCHES; }
   bool train_vision() const { return freeze_vision == "off" || (freeze_vision == "auto" && weights.empty()); }
@@ -245,21 +246,21 @@ template <class M>
 void initialise(const Options& o, const Config& c, M& m, const Dataset& train, const Tokenizer& tok)
 {
   auto local = m.named_weights();
-  const auto splits = m.named_splits();
+  const auto cuts = m.named_cuts();
   auto whole = local;
-  for (auto& [n, s] : splits) whole[n] = torch::empty(mpx::tp::unsplit_sizes(local[n], s, *m.tp_group), local[n].options());
+  for (auto& [n, s] : cuts) whole[n] = torch::empty(mpx::tp::whole_sizes(local[n], s, *m.tp_group), local[n].options());
   initialise_weights(o, c, whole, train, tok);
   torch::NoGradGuard ng;
-  for (auto& [n, s] : splits) local[n].copy_(mpx::tp::shard(whole[n], s, *m.tp_group));
+  for (auto& [n, s] : cuts) local[n].copy_(mpx::tp::shard(whole[n], s, *m.tp_group));
 }
 
-/// A module's weights whole, under global names: split ones gathered over its tensor-parallel group (a
+/// A module's weights whole, under global names: cut ones gathered over its tensor-parallel group (a
 /// collective over that group: each of its ranks calls it).
 template <class M>
 std::map<std::string, at::Tensor> whole_weights(M& m)
 {
   auto w = m.named_weights();
-  for (auto& [n, s] : m.named_splits()) w[n] = mpx::tp::unshard(w[n], s, *m.tp_group);
+  for (auto& [n, s] : m.named_cuts()) w[n] = mpx::tp::unshard(w[n], s, *m.tp_group);
   return w;
 }
 

@@ -13,7 +13,7 @@
 
 #include "files.hpp"  // moondream::check_regular_file, read_line, is_regular, max_tokenizer_bytes
 
-#include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/errors.hpp>  // mpx::config_error
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 

@@ -6,7 +6,7 @@
 //   moondream_train --layout 4 --schedule zbh1       # vision | text x 3
 //   moondream_train --tp 2                           # vision | text split over 2 ranks (tensor parallel): 3 ranks
 //   moondream_train --tp 2 --vision-tp 2             # vision split over 2 ranks | text over 2: 4 ranks
-//   moondream_train --layout 4b --freeze-vision on   # 4 devices, cut where the config's costs say
+//   moondream_train --layout 4b --freeze-vision on   # 4 devices, partitioned where the config's costs say
 //   moondream_train --config md2 --freeze-vision on --plan   # where each layout puts the work, predicted
 //   moondream_train --config md2 --weights model.safetensors --tokenizer tokenizer.json --data docci.jsonl
 //
@@ -74,6 +74,7 @@ int main(int argc, char** argv)
   app.add_option("--timeout", o.timeout_s, "seconds any wait for a peer may take")->capture_default_str();
   app.add_option("--log-every", o.log_every)->capture_default_str();
   app.add_flag("--quiet", o.quiet, "no progress lines");
+  app.add_flag("--profile", o.profile, "every step's times on stderr, on every rank (data, forward and backward, optimizer; a pipeline rank's walk and waits)");
   app.add_option("--trace", o.trace, "write the last step's actions of every rank as a Chrome trace (chrome://tracing, Perfetto) to FILE, "
                                      "and print the measured bubble beside the expected one (pipeline layouts)");
   app.add_option("--emulate-replicas", o.emulate_replicas, "layout 1: reproduce the global batch of N data-parallel replicas (parity reference)")
@@ -86,10 +87,10 @@ int main(int argc, char** argv)
       throw mpx::config_error("moondream_train: layout " + o.layout + " is balanced over whole devices; tensor parallelism (--tp, --vision-tp) " +
                               "is for layouts 2 and 2x2: use --layout 2 --tp 2, or --tp 1 --vision-tp 1");
     if (o.tp > 1 && (o.layout == "1" || o.layout == "4"))
-      throw mpx::config_error("moondream_train: --tp " + std::to_string(o.tp) + " splits the text stage of layout 2 or 2x2; layout " + o.layout +
+      throw mpx::config_error("moondream_train: --tp " + std::to_string(o.tp) + " cuts the text stage of layout 2 or 2x2; layout " + o.layout +
                               " has " + (o.layout == "1" ? "no stages (one process)" : "three text stages") + ": use --layout 2 or 2x2, or --tp 1");
     if (o.vision_tp > 1 && (o.layout == "1" || o.layout == "4"))
-      throw mpx::config_error("moondream_train: --vision-tp " + std::to_string(o.vision_tp) + " splits the vision stage of layout 2 or 2x2; layout " +
+      throw mpx::config_error("moondream_train: --vision-tp " + std::to_string(o.vision_tp) + " cuts the vision stage of layout 2 or 2x2; layout " +
                               o.layout + (o.layout == "1" ? " is one process" : " keeps vision on one rank") + ": use --layout 2 or 2x2, or --vision-tp 1");
     if (o.layout == "1" && !o.trace.empty())
       throw mpx::config_error("moondream_train: --trace records a pipeline's actions; layout 1 is one process: use --layout 2, 4 or 2x2");

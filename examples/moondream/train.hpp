@@ -8,7 +8,7 @@
 /// | `recipe.hpp`         | options, data, initialisation, sampling, schedule, optimizer |
 /// | `evaluation.hpp`     | held-out accuracy |
 /// | `metrics.hpp`        | metrics JSONL, progress line, loss plot |
-/// | `costs.hpp`          | the cost of each piece from the config, the layouts' cuts (balanced: 2b, 4b) and predicted steps |
+/// | `costs.hpp`          | the cost of each piece from the config, the layouts' partitions (balanced: 2b, 4b) and predicted steps |
 /// | `train_pipeline.hpp` | `train_pipeline<P>`: one pipeline type trained across ranks with mpx |
 /// | `train_single.hpp`   | `train_single`: the same training in one process, plain LibTorch (the parity reference) |
 

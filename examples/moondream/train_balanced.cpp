@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// moondream_train's balanced layouts (--layout 2b, 4b): the pieces (vision blocks, then text layers) cut where
+// moondream_train's balanced layouts (--layout 2b, 4b): the pieces (vision blocks, then text layers) partitioned where
 // the config's costs say (costs.hpp), each device's range one VisionText stage; with the encoder frozen, the
-// leading stages that hold only its blocks are Frozen (forward only). --plan prints every layout's cut and
+// leading stages that hold only its blocks are Frozen (forward only). --plan prints every layout's partition and
 // predicted step without training.
 #include "layouts.hpp"
 #include "train.hpp"

@@ -36,13 +36,12 @@ inline std::string tp_description(const Options& o)
 
 /// A rendezvous through the store that may wait long (evaluation on rank 0): every rank sets its key,
 /// then waits for all of them.
-inline void store_barrier(mpx::World& w, std::string tag, std::chrono::milliseconds timeout)
+inline void store_barrier(mpx::World& w, const std::string& tag, std::chrono::milliseconds timeout)
 {
-  static long count = 0;  // every rank passes the same barriers in the same order: keys are never reused
-  tag += "#" + std::to_string(count++);
-  w.store->set("moondream/" + tag + "/" + std::to_string(w.env.rank), std::vector<uint8_t>{1});
+  const std::string key = w.next_key("moondream/" + tag);  // every rank passes the same barriers in the same order
+  w.store->set(key + std::to_string(w.env.rank), std::vector<uint8_t>{1});
   std::vector<std::string> keys;
-  for (int r = 0; r < w.env.world_size; ++r) keys.push_back("moondream/" + tag + "/" + std::to_string(r));
+  for (int r = 0; r < w.env.world_size; ++r) keys.push_back(key + std::to_string(r));
   w.store->wait(keys, timeout);
 }
 
@@ -199,7 +198,7 @@ int train_pipeline(const Options& o)
     auto idx = step_indices(data.train->size(), step, o.microbatches(), o.microbatch_size, world.replicas, world.replica, o.seed);
     auto mbs = make_microbatches(*data.train, idx, tok, c);
     const auto st = trainer.step(mbs);
-    if (std::getenv("MOONDREAM_PROFILE"))
+    if (o.profile)
       std::cerr << fmt::format("rank {} step {}: {:.3f} s, compute {:.3f} s, waits {:.3f} s, schedule {:.3f} s, optimizer {:.3f} s\n", env.rank,
                                step, st.seconds, st.compute_seconds, st.wait_seconds, st.schedule_seconds, st.optimizer_seconds);
     if (lead) {

@@ -30,7 +30,8 @@ inline int train_single(const Options& o)
 {
   const Config c = load_config(o.config);
   mpx::check_blas();
-  mpx::keep_host_memory();  // as make_world does for the pipeline ranks
+  const mpx::Env env = mpx::read_env();  // (one process: MPX_KEEP_HOST_MEMORY and MPX_FAULT count as a rank's)
+  if (env.keep_host_memory) mpx::keep_host_memory();  // as make_world does for the pipeline ranks
   const auto tok = Tokenizer::load(o.tokenizer);
   tok.check_fits(c.text.vocab_size);
   Data data = make_data(o, c);
@@ -82,7 +83,7 @@ inline int train_single(const Options& o)
   prog.open(metrics, start > 0);
   const int M = o.microbatches();
   for (long step = start; step < total; ++step) {
-    mpx::inject_fault(mpx::FaultPoint::step, 0, step);  // MPX_FAULT, as a pipeline rank's (tests of resuming)
+    mpx::inject_fault(env, mpx::FaultPoint::step, step);  // MPX_FAULT, as a pipeline rank's (tests of resuming)
     const auto t0 = std::chrono::steady_clock::now();
     const int R = o.emulate_replicas;  // a data-parallel run's replicas, one after the other: the same samples and mean
     std::vector<Batch> mbs;
@@ -113,7 +114,7 @@ inline int train_single(const Options& o)
       for (auto& g : opts[k]->param_groups()) g.options().set_lr(lr(step) * scale);
       opts[k]->step();
     }
-    if (std::getenv("MOONDREAM_PROFILE"))
+    if (o.profile)
       std::cerr << fmt::format("data {:.3f} s, forward+backward {:.3f} s, optimizer {:.3f} s\n", std::chrono::duration<double>(t1 - t0).count(),
                                std::chrono::duration<double>(t2 - t1).count(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count());
     for (auto& p : trainable)

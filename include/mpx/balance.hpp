@@ -5,24 +5,24 @@
 /// FLOPs, microseconds, any integer unit shared by all layers), declared by a module as
 /// `static constexpr std::array<mpx::LayerCost, N> layer_costs` or measured (runtime/profile.hpp).
 /// `predict<Schedule>(layout, costs)` runs the schedule's proof with those costs instead of the unit costs:
-/// the predicted step, each slot's busy time and the bubble. `balance<Schedule>(layers, slots, m)` cuts
+/// the predicted step, each slot's busy time and the bubble. `balance<Schedule>(layers, slots, m)` partitions
 /// the layers into `slots` contiguous ranges that minimise the predicted step:
 ///
 /// ```
-/// constexpr auto cut = mpx::balance<mpx::OneFOneB>(Toy::layer_costs, 3, 8);
-/// using P = mpx::Pipeline<mpx::Stage<Toy, mpx::CPU<0>, mpx::Layers<cut[0], cut[1]>>,
-///                         mpx::Stage<Toy, mpx::CPU<1>, mpx::Layers<cut[1], cut[2]>>,
-///                         mpx::Stage<Toy, mpx::CPU<2>, mpx::Layers<cut[2], cut[3]>>, mpx::Microbatches<8>>;
+/// constexpr auto part = mpx::balance<mpx::OneFOneB>(Toy::layer_costs, 3, 8);
+/// using P = mpx::Pipeline<mpx::Stage<Toy, mpx::CPU<0>, mpx::Layers<part[0], part[1]>>,
+///                         mpx::Stage<Toy, mpx::CPU<1>, mpx::Layers<part[1], part[2]>>,
+///                         mpx::Stage<Toy, mpx::CPU<2>, mpx::Layers<part[2], part[3]>>, mpx::Microbatches<8>>;
 /// ```
 ///
 /// How: first the ranges that minimise the largest stage cost (forward + backward; the leading frozen
-/// layers' forward only), exactly, by dynamic programming over the cut points (O(slots · L²));
-/// then each cut moves by one layer while the predicted step (the proof's timeline) gets shorter; with
-/// frozen layers in front, the same descent also starts from the cut that gives them a slot of their own
+/// layers' forward only), exactly, by dynamic programming over the partitions' edges (O(slots · L²));
+/// then each edge moves by one layer while the predicted step (the proof's timeline) gets shorter; with
+/// frozen layers in front, the same descent also starts from the partition that gives them a slot of their own
 /// (a forward-only slot waits for no gradient), and the shorter of the two wins. The
 /// bottleneck is what a pipeline's steady state runs at; the timeline adds warm-up and drain, which
 /// favour a lighter first and last stage. `tests/balance.test.cpp` checks the result against every
-/// possible cut for small pipelines.
+/// possible partition for small pipelines.
 
 #include <mpx/action.hpp>    // mpx::Layout, mpx::StageCosts, mpx::LayerCost
 #include <mpx/proof.hpp>     // mpx::prove
@@ -35,20 +35,20 @@
 namespace mpx
 {
 
-/// The most slots the balancer cuts for.
+/// The most slots the balancer partitions for.
 inline constexpr int max_balance_slots = 64;
 
-/// Cut points of a balanced pipeline: slot k holds layers [cut[k], cut[k + 1]); cut[0] = 0, cut[slots] = L.
-using Cuts = std::array<int, max_balance_slots + 1>;
+/// A partition of a pipeline's layers into slots: slot k holds layers [part[k], part[k + 1]); part[0] = 0, part[slots] = L.
+using Partition = std::array<int, max_balance_slots + 1>;
 
-/// The costs of each stage of a cut: the sums of its layers'. The first `frozen_layers` layers are frozen
+/// The costs of each stage of a partition: the sums of its layers'. The first `frozen_layers` layers are frozen
 /// with nothing trainable before them: no backward ever runs through them, wherever they sit, so their
 /// backward is not counted (and a stage made of them alone runs forward only).
-constexpr StageCosts stage_costs(std::span<const LayerCost> layers, const Cuts& cut, int slots, int frozen_layers = 0)
+constexpr StageCosts stage_costs(std::span<const LayerCost> layers, const Partition& part, int slots, int frozen_layers = 0)
 {
   StageCosts c;
   for (int k = 0; k < slots; ++k)
-    for (int i = cut[std::size_t(k)]; i < cut[std::size_t(k) + 1]; ++i) {
+    for (int i = part[std::size_t(k)]; i < part[std::size_t(k) + 1]; ++i) {
       c.forward[std::size_t(k)] += layers[std::size_t(i)].forward;
       if (i >= frozen_layers) c.backward[std::size_t(k)] += layers[std::size_t(i)].backward;
     }
@@ -56,12 +56,12 @@ constexpr StageCosts stage_costs(std::span<const LayerCost> layers, const Cuts& 
   return c;
 }
 
-/// The layout of a one-stage-per-slot pipeline cut at `cut`: its forward-only stages are those wholly
+/// The layout of a one-stage-per-slot pipeline partitioned at `part`: its forward-only stages are those wholly
 /// inside the leading frozen layers.
-constexpr Layout cut_layout(const Cuts& cut, int slots, int microbatches, int frozen_layers = 0)
+constexpr Layout partition_layout(const Partition& part, int slots, int microbatches, int frozen_layers = 0)
 {
   Layout l = Layout::looped(slots, slots, microbatches);
-  while (l.forward_only < slots && cut[std::size_t(l.forward_only) + 1] <= frozen_layers) ++l.forward_only;
+  while (l.forward_only < slots && part[std::size_t(l.forward_only) + 1] <= frozen_layers) ++l.forward_only;
   return l;
 }
 
@@ -76,8 +76,8 @@ constexpr Proof predict(const Layout& l, const StageCosts& costs)
 
 namespace detail
 {
-/// The cut minimising the largest stage cost (ties: the earliest cut), exactly.
-constexpr Cuts bottleneck_cut(std::span<const LayerCost> layers, int slots, int frozen_layers)
+/// The partition minimising the largest stage cost (ties: the earliest), exactly.
+constexpr Partition bottleneck_partition(std::span<const LayerCost> layers, int slots, int frozen_layers)
 {
   const int L = int(layers.size());
   buffer<std::int64_t> f(std::size_t(L) + 1), b(std::size_t(L) + 1);  // prefix sums
@@ -86,7 +86,7 @@ constexpr Cuts bottleneck_cut(std::span<const LayerCost> layers, int slots, int 
     b[std::size_t(i) + 1] = b[std::size_t(i)] + (i < frozen_layers ? 0 : layers[std::size_t(i)].backward);  // as stage_costs
   }
   auto cost = [&](int i, int j) { return f[std::size_t(j)] - f[std::size_t(i)] + b[std::size_t(j)] - b[std::size_t(i)]; };
-  // best[k][j]: the least largest cost of cutting layers [0, j) into k stages (each non-empty)
+  // best[k][j]: the least largest cost of partitioning layers [0, j) into k stages (each non-empty)
   constexpr std::int64_t inf = std::int64_t(1) << 62;
   buffer<std::int64_t> best(std::size_t(slots + 1) * std::size_t(L + 1));
   buffer<int> from(std::size_t(slots + 1) * std::size_t(L + 1));
@@ -101,58 +101,58 @@ constexpr Cuts bottleneck_cut(std::span<const LayerCost> layers, int slots, int 
         const std::int64_t worst = c > best[at(k - 1, i)] ? c : best[at(k - 1, i)];
         if (worst < best[at(k, j)]) best[at(k, j)] = worst, from[at(k, j)] = i;
       }
-  Cuts cut{};
-  cut[std::size_t(slots)] = L;
-  for (int k = slots, j = L; k > 0; --k) j = cut[std::size_t(k) - 1] = from[at(k, j)];
-  return cut;
+  Partition part{};
+  part[std::size_t(slots)] = L;
+  for (int k = slots, j = L; k > 0; --k) j = part[std::size_t(k) - 1] = from[at(k, j)];
+  return part;
 }
 }  // namespace detail
 
-/// The naive cut: `layers` into `slots` ranges of equal length (the first `layers % slots` one longer),
+/// The naive partition: `layers` into `slots` ranges of equal length (the first `layers % slots` one longer),
 /// what a hand-written split by layer count gives; the baseline `balance` is compared against.
-constexpr Cuts even_cut(int layers, int slots)
+constexpr Partition even_partition(int layers, int slots)
 {
-  Cuts cut{};
-  if (slots < 1 || slots > max_balance_slots || slots > layers) return cut;
-  for (int k = 0; k < slots; ++k) cut[std::size_t(k) + 1] = cut[std::size_t(k)] + layers / slots + (k < layers % slots ? 1 : 0);
-  return cut;
+  Partition part{};
+  if (slots < 1 || slots > max_balance_slots || slots > layers) return part;
+  for (int k = 0; k < slots; ++k) part[std::size_t(k) + 1] = part[std::size_t(k)] + layers / slots + (k < layers % slots ? 1 : 0);
+  return part;
 }
 
-/// The cut of `layers` into `slots` contiguous non-empty ranges whose predicted step under schedule Tag
+/// The partition of `layers` into `slots` contiguous non-empty ranges whose predicted step under schedule Tag
 /// with m micro-batches is shortest (see the file comment). Needs slots <= layers.size().
 template <class Tag = OneFOneB>
-constexpr Cuts balance(std::span<const LayerCost> layers, int slots, int microbatches, int frozen_layers = 0)
+constexpr Partition balance(std::span<const LayerCost> layers, int slots, int microbatches, int frozen_layers = 0)
 {
   const int L = int(layers.size());
-  if (slots < 1 || slots > max_balance_slots || slots > L) return Cuts{};  // cut[slots] == 0: no cut
-  auto step = [&](const Cuts& c) { return predict<Tag>(cut_layout(c, slots, microbatches, frozen_layers), stage_costs(layers, c, slots, frozen_layers)).makespan; };
-  auto descend = [&](Cuts cut) {
-    std::int64_t now = step(cut);
+  if (slots < 1 || slots > max_balance_slots || slots > L) return Partition{};  // part[slots] == 0: no partition
+  auto step = [&](const Partition& c) { return predict<Tag>(partition_layout(c, slots, microbatches, frozen_layers), stage_costs(layers, c, slots, frozen_layers)).makespan; };
+  auto descend = [&](Partition part) {
+    std::int64_t now = step(part);
     for (bool better = true; better;) {
       better = false;
       for (int k = 1; k < slots; ++k)
         for (int d : {-1, +1}) {
-          Cuts c = cut;
+          Partition c = part;
           c[std::size_t(k)] += d;
           if (c[std::size_t(k)] <= c[std::size_t(k) - 1] || c[std::size_t(k)] >= c[std::size_t(k) + 1]) continue;
-          if (const std::int64_t t = step(c); t < now) cut = c, now = t, better = true;
+          if (const std::int64_t t = step(c); t < now) part = c, now = t, better = true;
         }
     }
-    return cut;
+    return part;
   };
-  Cuts best = descend(detail::bottleneck_cut(layers, slots, frozen_layers));
+  Partition best = descend(detail::bottleneck_partition(layers, slots, frozen_layers));
   if (frozen_layers > 0 && frozen_layers <= L - (slots - 1) && slots > 1) {
-    // the frozen layers alone on the first slot, the rest cut at its bottleneck: a forward-only slot waits
+    // the frozen layers alone on the first slot, the rest partitioned at its bottleneck: a forward-only slot waits
     // for no gradient, which the bottleneck does not see (md2 at 4 slots under GPipe and ZB-H1)
-    const Cuts rest = detail::bottleneck_cut(layers.subspan(std::size_t(frozen_layers)), slots - 1, 0);
-    Cuts c{};
+    const Partition rest = detail::bottleneck_partition(layers.subspan(std::size_t(frozen_layers)), slots - 1, 0);
+    Partition c{};
     for (int k = 0; k < slots; ++k) c[std::size_t(k) + 1] = frozen_layers + rest[std::size_t(k)];
-    if (const Cuts d = descend(c); step(d) < step(best)) best = d;
+    if (const Partition d = descend(c); step(d) < step(best)) best = d;
   }
   return best;
 }
 template <class Tag = OneFOneB, std::size_t N>
-constexpr Cuts balance(const std::array<LayerCost, N>& layers, int slots, int microbatches, int frozen_layers = 0)
+constexpr Partition balance(const std::array<LayerCost, N>& layers, int slots, int microbatches, int frozen_layers = 0)
 {
   return balance<Tag>(std::span<const LayerCost>(layers.data(), N), slots, microbatches, frozen_layers);
 }

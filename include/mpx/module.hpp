@@ -11,7 +11,7 @@
 ///   hands the next (range 0 takes `input_type`, the last range returns `output_type`);
 /// - optionally `static constexpr int num_layers` (checked against `Layers`), `static constexpr int
 ///   num_heads`, `num_kv_heads`, `ffn_width`, `vocab_size` (each checked against `TensorParallel<N>`: N must
-///   divide it), `static constexpr bool tp_blocks` (written with mpx::tp blocks, so it splits itself under
+///   divide it), `static constexpr bool tp_blocks` (written with mpx::tp blocks, so it cuts itself under
 ///   `TensorParallel<N>`), `static constexpr std::string_view name`. A module whose sizes are run-time
 ///   configuration declares none of them and its blocks check them when built.
 /// Minimal complete definition: a one-argument `forward`. Models: tests/support/archetypes.hpp,
@@ -119,7 +119,7 @@ struct module_traits
   static constexpr int num_kv_heads = detail::static_num_kv_heads<impl>();  ///< -1 if not declared
   static constexpr long ffn_width = detail::static_ffn_width<impl>();       ///< the MLP's hidden width; -1 if not declared
   static constexpr long vocab_size = detail::static_vocab_size<impl>();     ///< -1 if not declared
-  static constexpr bool tp_blocks = detail::static_tp_blocks<impl>();   ///< written with mpx::tp blocks: it splits itself
+  static constexpr bool tp_blocks = detail::static_tp_blocks<impl>();   ///< written with mpx::tp blocks: it cuts itself
   static constexpr std::string_view name = detail::module_name<impl>();
 };
 

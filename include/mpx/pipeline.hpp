@@ -238,7 +238,7 @@ struct Pipeline
     for (int d : tp_degree) n += d;
     return n;
   }();
-  /// The largest degree: the number of pipeline lanes (runtime/world.hpp).
+  /// The largest degree: the number of pipeline lanes (runtime/world/world.hpp).
   static constexpr int num_lanes = [] {
     int n = 1;
     for (int d : tp_degree) n = d > n ? d : n;

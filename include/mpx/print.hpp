@@ -13,7 +13,7 @@
 #include <mpx/device.hpp>    // mpx::device_traits
 #include <mpx/pipeline.hpp>  // mpx::PipelineType, mpx::proof
 #include <mpx/proof.hpp>     // mpx::prove
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 #include <mpx/table_view.hpp>  // mpx::TableView, mpx::table_view
 
 #include <cstdint>    // std::int64_t
@@ -190,7 +190,7 @@ std::ostream& operator<<(std::ostream& os, printer<P>)
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 namespace mpx
 {
 MPX_DECL void print_timeline(std::ostream& os, const TableView& t, int max_units) { print_timeline<TableView>(os, t, max_units); }

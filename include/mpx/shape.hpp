@@ -19,7 +19,7 @@ namespace mpx
 /// An extent that may be anything (a batch, a sequence length).
 inline constexpr std::int64_t any = -1;
 
-/// The most dimensions a boundary tensor may have (the wire header's room).
+/// The most dimensions a boundary tensor may have (the wire header's capacity).
 inline constexpr std::size_t max_boundary_rank = 8;
 
 /// A declared shape (see the file comment).

@@ -111,7 +111,7 @@ struct Stage
 
   static constexpr int tensor_parallel = detail::tp_degree<typename detail::first_of<detail::is_tp_p, detail::no_policy, Policies...>::type>::value;
   static_assert(tensor_parallel == 1 || traits::tp_blocks,
-                "mpx::Stage: mpx::TensorParallel<N> needs a module that says how it splits: write it with mpx::tp "
+                "mpx::Stage: mpx::TensorParallel<N> needs a module that says how it is cut: write it with mpx::tp "
                 "blocks (ColumnLinear, RowLinear, VocabEmbedding, tp::cross_entropy) and declare "
                 "static constexpr bool tp_blocks = true");
   static_assert(detail::tp_divides(traits::num_heads, tensor_parallel),

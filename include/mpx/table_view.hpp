@@ -17,7 +17,7 @@
 #include <mpx/action.hpp>            // mpx::Table, mpx::FrozenTable, mpx::Step, mpx::Layout, mpx::expand
 #include <mpx/pipeline.hpp>          // mpx::PipelineType, mpx::table_v
 #include <mpx/proof.hpp>             // mpx::Proof, mpx::prove
-#include <mpx/runtime/linkage.hpp>   // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/linkage.hpp>   // MPX_DECL, MPX_DEFINITIONS
 
 #include <cstddef>  // std::size_t
 #include <cstdint>  // std::uint32_t
@@ -82,7 +82,7 @@ MPX_DECL Proof proof_of(const TableView& t);
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 namespace mpx
 {
 MPX_DECL std::vector<Action> actions_of(const TableView& t, int r) { return expand(t, r); }

@@ -1,5 +1,6 @@
 # Drives the install-and-consume tests. MODE=find_package: install mpx into WORK/prefix, then configure,
 # build and run the consumer against it. MODE=add_subdirectory: the consumer pulls mpx's source in.
+# MODE=torch_then_subdirectory: the same, after the consumer's own find_package(Torch).
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 function(run)
@@ -24,8 +25,12 @@ if(MODE STREQUAL "find_package")
   run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK}/consumer-build -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX}
       -DCMAKE_PREFIX_PATH=${WORK}/prefix -DMPX_EXPECT_TORCH=ON)
 else()
+  set(torch_first OFF)
+  if(MODE STREQUAL "torch_then_subdirectory")
+    set(torch_first ON)
+  endif()
   run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK}/consumer-build -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX}
-      -DMPX_VIA_SUBDIRECTORY=ON -DMPX_SOURCE=${MPX_SOURCE} -DMPX_EXPECT_TORCH=ON)
+      -DMPX_VIA_SUBDIRECTORY=ON -DMPX_SOURCE=${MPX_SOURCE} -DMPX_EXPECT_TORCH=ON -DMPX_FIND_TORCH_FIRST=${torch_first})
 endif()
 run(${CMAKE_COMMAND} --build ${WORK}/consumer-build)
 run(${WORK}/consumer-build/consumer)
@@ -38,3 +43,10 @@ if(NOT last_output MATCHES "compiled consumer ok")
   message(FATAL_ERROR "consumer_compiled printed: ${last_output}")
 endif()
 message(STATUS "${last_output}")
+if(MODE STREQUAL "torch_then_subdirectory")
+  run(${WORK}/consumer-build/consumer_torch)
+  if(NOT last_output MATCHES "torch consumer ok")
+    message(FATAL_ERROR "consumer_torch printed: ${last_output}")
+  endif()
+  message(STATUS "${last_output}")
+endif()

@@ -16,7 +16,7 @@ TEST_CASE("A walk computes the summed loss / m and accumulates the gradients of 
   mpx::StageSet<rooms::P1> set(0, torch::kCPU, rooms::make, {});
   Exec ex(w, set, input, tiny::loss);
   CHECK(ex.actions().size() == 8);  // F and B of 4 micro-batches, no messages
-  CHECK(!ex.splits_backward());
+  CHECK(!ex.split().schedule_splits());
   std::vector<int> done;
   mpx::TraceRecorder trace;
   const auto mbs = rooms::microbatches(0);
@@ -74,15 +74,19 @@ TEST_CASE("ZB-H1 splits a stage's backward only when its module marks blocks, el
   for (auto& mb : mbs) (tiny::loss(ref->forward(mb.tokens), mb) / 4.0).backward();
   for (const bool marked : {true, false}) {
     CAPTURE(marked);
-    if (!marked) ::setenv("MPX_TEST_UNMARKED_BLOCKS", "1", 1);
-    mpx::StageSet<PZb> set(0, torch::kCPU, rooms::make, {});
+    auto make = [&](auto) {
+      tiny::Config c = rooms::config;
+      c.mark_blocks = marked;
+      torch::manual_seed(100);  // rooms::make_model's draw
+      return tiny::Model(c, 0, c.layers);
+    };
+    mpx::StageSet<PZb> set(0, torch::kCPU, make, {});
     mpx::Executor<PZb, tiny::Batch> ex(w, set, input, tiny::loss);
-    CHECK(ex.splits_backward());
+    CHECK(ex.split().schedule_splits());
     std::vector<std::string> events;
     ex.walk(mbs, 1.0, 0, nullptr, [&](int s) { events.push_back("last " + std::to_string(s)); },
             [&](int s) { events.push_back("done " + std::to_string(s)); });
-    ::unsetenv("MPX_TEST_UNMARKED_BLOCKS");
-    CHECK(ex.split_used(0) == marked);
+    CHECK(ex.split().marks_blocks(0) == marked);
     CHECK(events == std::vector<std::string>{"last 0", "done 0"});  // the buckets' arm, then their start
     auto mine = set.parameters(0), theirs = ref->parameters();
     for (std::size_t i = 0; i < mine.size(); ++i) CHECK(torch::allclose(mine[i].grad(), theirs[i].grad(), 1e-5, 1e-7));

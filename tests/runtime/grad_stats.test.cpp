@@ -34,7 +34,7 @@ TEST_CASE("local_grad_sq takes a whole gradient's sum of squares where one was a
   b.mutable_grad() = torch::tensor({{1.0f, 2.0f}, {3.0f, 4.0f}});
   // a's sum is given (a value its gradient does not have, so that the test sees which was used); b counted
   // as rows [1, 2) only, a piece: never taken from the given sums, which are of whole gradients
-  const mpx::StageNormTerms terms{{mpx::NormTerm(a), mpx::NormTerm(b, 0, 1, 1)}};
+  const mpx::StageNormTerms terms{{mpx::tp::NormTerm(a), mpx::tp::NormTerm(b, 0, 1, 1)}};
   auto given = [&](const at::Tensor& p) { return p.is_same(a) || p.is_same(b) ? std::optional<double>(100.0) : std::nullopt; };
   CHECK(mpx::local_grad_sq(terms, given) == Approx(100.0 + 9 + 16));
   CHECK(mpx::local_grad_sq(terms) == Approx(9.0 + 9 + 16));

@@ -70,7 +70,7 @@ TEST_CASE("a one-stage pipeline on the device trains like plain LibTorch on CPU"
   ro.rows = rows;
   const auto expected = test::train_reference(ref, sgd, ro, config);
   for (long step = 0; step < 5; ++step) {
-    const auto st = t.step(mpx::split_microbatches(tiny::make_batch(config, rows, step, 0, 1), 4));
+    const auto st = t.step(mpx::slice_microbatches(tiny::make_batch(config, rows, step, 0, 1), 4));
     const double total = expected.losses[std::size_t(step)], norm = expected.grad_norms[std::size_t(step)];
     INFO("step " << step << ": device loss " << st.loss << ", CPU loss " << total);
     CHECK(rel(st.loss, total) < (w.device.is_cpu() ? 1e-6 : 1e-5));
@@ -99,13 +99,13 @@ TEST_CASE("a device run saved after 3 steps and loaded continues with the same l
   auto w = one_rank_world();
   auto o = options();
   auto a = make_trainer<P1Adam>(w, o);
-  for (long step = 0; step < 3; ++step) a.step(mpx::split_microbatches(tiny::make_batch(config, rows, step, 0, 1), 4));
+  for (long step = 0; step < 3; ++step) a.step(mpx::slice_microbatches(tiny::make_batch(config, rows, step, 0, 1), 4));
   a.save(dir);
   auto b = make_trainer<P1Adam>(w, o);
   b.load(dir);
   for (long step = 3; step < 5; ++step) {
     auto batch = tiny::make_batch(config, rows, step, 0, 1);
-    const double la = a.step(mpx::split_microbatches(batch, 4)).loss, lb = b.step(mpx::split_microbatches(batch, 4)).loss;
+    const double la = a.step(mpx::slice_microbatches(batch, 4)).loss, lb = b.step(mpx::slice_microbatches(batch, 4)).loss;
     CHECK(la == lb);
   }
   auto pa = a.parameters(0), pb = b.parameters(0);
@@ -124,15 +124,15 @@ TEST_CASE("an inf under the loss scaler skips the step on the device, halves the
     if (step == 1) params.front().mutable_grad().view(-1)[0] = std::numeric_limits<float>::infinity();
   };
   auto t = make_trainer<P1>(w, o);
-  t.step(mpx::split_microbatches(tiny::make_batch(config, rows, 0, 0, 1), 4));
+  t.step(mpx::slice_microbatches(tiny::make_batch(config, rows, 0, 0, 1), 4));
   std::vector<at::Tensor> before;
   for (auto& p : t.parameters(0)) before.push_back(p.detach().clone());
-  const auto st = t.step(mpx::split_microbatches(tiny::make_batch(config, rows, 1, 0, 1), 4));
+  const auto st = t.step(mpx::slice_microbatches(tiny::make_batch(config, rows, 1, 0, 1), 4));
   CHECK(st.skipped);
   CHECK(st.loss_scale == 1024);
   auto after = t.parameters(0);
   for (std::size_t i = 0; i < after.size(); ++i) CHECK(torch::equal(before[i], after[i]));
-  const auto next = t.step(mpx::split_microbatches(tiny::make_batch(config, rows, 2, 0, 1), 4));
+  const auto next = t.step(mpx::slice_microbatches(tiny::make_batch(config, rows, 2, 0, 1), 4));
   CHECK_FALSE(next.skipped);
   CHECK(next.loss_scale == 512);
   CHECK(std::isfinite(next.loss));

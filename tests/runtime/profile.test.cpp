@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests for mpx/runtime/profile.hpp: measured layer costs follow the work each layer does, a frozen prefix
-// costs no backward, and the report gives the balanced ranges beside the even split. (That the balanced
-// ranges of measured costs train faster than the even split, on two real ranks: runtime.test.cpp.)
+// costs no backward, and the report gives the balanced ranges beside the even partition. (That the balanced
+// ranges of measured costs train faster than the even partition, on two real ranks: runtime.test.cpp.)
 #include "support/catch.hpp"
 #include "support/geometric_toy.hpp"
 
@@ -39,7 +39,7 @@ TEST_CASE("A frozen first layer costs no backward: nothing before it trains", "[
   CHECK(costs[1].backward > 0);
 }
 
-TEST_CASE("The report gives the balanced Layers<b, e> ranges, each slot's load and the even split's predicted step", "[profile]")
+TEST_CASE("The report gives the balanced Layers<b, e> ranges, each slot's load and the even partition's predicted step", "[profile]")
 {
   // the toy's shape of costs: each layer twice the one before
   std::vector<mpx::LayerCost> costs;
@@ -48,7 +48,7 @@ TEST_CASE("The report gives the balanced Layers<b, e> ranges, each slot's load a
   INFO(r);
   CHECK(r.find("slot 0: mpx::Layers<0, 5>") != std::string::npos);  // 31 units against 32
   CHECK(r.find("slot 1: mpx::Layers<5, 6>") != std::string::npos);
-  CHECK(r.find("slot 0: mpx::Layers<0, 3>") != std::string::npos);  // the even split, for comparison
+  CHECK(r.find("slot 0: mpx::Layers<0, 3>") != std::string::npos);  // the even partition, for comparison
   CHECK(r.find("1F1B, 4 micro-batches") != std::string::npos);
   CHECK(r.find("layer 5 32.00 ms + 64.00 ms") != std::string::npos);
   CHECK(r.find("shorter (predicted)") != std::string::npos);

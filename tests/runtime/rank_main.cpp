@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // One rank of the runtime tests: trains a scenario's pipeline for a few steps, prints every step's loss
 // ("loss <step> <value>") and saves the parameters of its stages to <out>/stage<s>.pt.
-//   mpx.tests.runtime_rank <scenario> <out-dir> [kill-rank kill-step]
+//   mpx.tests.runtime_rank <scenario> <out-dir> [kill-rank kill-step] [flags]
+// The flags: what a test asks beyond the scenario (scenario::Knobs, scenarios.hpp).
 #include "scenarios.hpp"
 #include "support/geometric_toy.hpp"
 
@@ -16,6 +17,8 @@
 
 namespace
 {
+scenario::Knobs knobs;  // the command line's flags
+
 /// The tiny model, but its layer ranges declare a (B, T·D) boundary while handing on (B, T, D): the
 /// receiving stage must stop at the wire, naming the stage, the field and both shapes.
 struct MisdeclaredImpl : tiny::ModelImpl
@@ -88,7 +91,7 @@ int run()
   for (long step = 0; step < 2; ++step) {  // the second step's numbers: the allocator has its pools by then
     held.clear();
     auto batch = tiny::make_batch(scenario::config, 64, step, 0, 1);  // 8 rows x 8 tokens per micro-batch
-    trainer.step(mpx::split_microbatches(batch, Pipe::num_microbatches));
+    trainer.step(mpx::slice_microbatches(batch, Pipe::num_microbatches));
   }
   if (env.rank == 0)
     for (std::size_t k = 0; k < held.size(); ++k) std::printf("held %zu %lld\n", k, (long long)held[k]);
@@ -112,7 +115,7 @@ int toy_cut(int cut)
   options.clip_norm = 0;
   mpx::Trainer<toy::Pipe, toy::Batch> trainer(world, make, [](const toy::Batch& b) { return b.x; }, toy::loss, options);
   for (long step = 0; step < 12; ++step) {
-    const auto st = trainer.step(mpx::split_microbatches(toy::make_batch(4 * toy::rows_per_microbatch, step), 4));
+    const auto st = trainer.step(mpx::slice_microbatches(toy::make_batch(4 * toy::rows_per_microbatch, step), 4));
     if (env.rank == 0 && step >= 2) std::printf("step_seconds %.6f\n", st.seconds);
   }
   std::fflush(stdout);
@@ -128,16 +131,17 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
   wo.timeout = timeout;
   wo.settings = std::move(settings);
   auto world = mpx::make_world<P>(env, wo);
-  auto make = [](auto stage) {
+  const tiny::Config config = scenario::config_of(knobs);
+  auto make = [&config](auto stage) {
     using S = typename P::template stage<decltype(stage)::value>;
     torch::manual_seed(100 + decltype(stage)::value);
-    return typename S::module(scenario::config, S::layer_begin, S::layer_end == mpx::to_end ? scenario::config.layers : S::layer_end);
+    return typename S::module(config, S::layer_begin, S::layer_end == mpx::to_end ? config.layers : S::layer_end);
   };
-  auto options = scenario::options();
-  const char* trace = std::getenv("MPX_TEST_TRACE");
-  options.trace = trace != nullptr;
-  if (const char* inject = std::getenv("MPX_TEST_INJECT_INF")) {  // "stage,step": an inf in that stage's gradient
-    const int at_stage = std::atoi(inject), at_step = std::atoi(std::strchr(inject, ',') + 1);
+  auto options = scenario::options(knobs);
+  options.trace = !knobs.trace.empty();
+  if (knobs.inf_stage >= 0) {  // an inf in that stage's gradient at that step
+    const int at_stage = knobs.inf_stage;
+    const long at_step = knobs.inf_step;
     options.scaler.enabled = true;
     options.scaler.init = 1024;
     options.scaler.interval = 2;  // grow quickly, to see it
@@ -145,8 +149,9 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
       if (stage == at_stage && step == at_step) params.front().mutable_grad().view(-1)[0] = std::numeric_limits<float>::infinity();
     };
   }
-  if (const char* at = std::getenv("MPX_TEST_EXIT_BEFORE_SUM")) {  // "rank,step": that rank's process ends after its walk of that step
-    const int at_rank = std::atoi(at), at_step = std::atoi(std::strchr(at, ',') + 1);
+  if (knobs.exit_rank >= 0) {  // that rank's process ends after its walk of that step
+    const int at_rank = knobs.exit_rank;
+    const long at_step = knobs.exit_step;
     options.before_optimizer = [=](int, long step, const std::vector<at::Tensor>&) {
       if (env.rank == at_rank && step == at_step) {
         std::cerr << "rank " << env.rank << " dies before the end-of-step sum (test)\n";
@@ -160,9 +165,8 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
   auto input = [](const tiny::Batch& b) { return b.tokens; };
   std::optional<Trainer> trainer_slot;
   trainer_slot.emplace(world, make, input, tiny_tp::loss, options);
-  const char* resume = std::getenv("MPX_TEST_RESUME_AT");  // save at this step, then go on from the files in a new trainer
   for (long step = 0; step < scenario::steps; ++step) {
-    if (resume && step == std::atol(resume)) {
+    if (step == knobs.resume_at) {  // save at this step, then go on from the files in a new trainer
       trainer_slot->save(out + "/state");
       trainer_slot.reset();
       trainer_slot.emplace(world, make, input, tiny_tp::loss, options);  // fresh weights (the seeds of step 0) ...
@@ -176,7 +180,7 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
       ::_exit(3);
     }
     auto batch = tiny::make_batch(scenario::config, scenario::rows_per_replica, step, world.replica, world.replicas);
-    const auto st = trainer.step(mpx::split_microbatches(batch, P::num_microbatches));
+    const auto st = trainer.step(mpx::slice_microbatches(batch, P::num_microbatches));
     if (env.rank == 0) std::printf("loss %ld %.17g\nnorm %ld %.17g\n", step, st.loss, step, st.grad_norm);
     if (env.rank == 0 && options.scaler.enabled) std::printf("scale %ld %g skipped %d\n", step, st.loss_scale, int(st.skipped));
   }
@@ -202,7 +206,7 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
     if (env.rank == 0) std::printf("split decided %d agreed %d\n", int(split), int(agreed));
   }
   std::fflush(stdout);
-  if (trace) trainer.write_trace(trace);
+  if (!knobs.trace.empty()) trainer.write_trace(knobs.trace);
   return 0;
 }
 
@@ -210,7 +214,7 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
 /// whose layout repeats, changes shape, changes wire dtype, drops a field, carries an empty tensor and
 /// comes back. Sent twice: as header + payloads, received two ahead through a Receiver; then packed
 /// (ChannelSize at both ends, the messages grouped into steps, each step's receives posted at its start),
-/// where a payload that fits the room of earlier steps must travel in the header's message and a larger
+/// where a payload that fits the capacity of earlier steps must travel in the header's message and a larger
 /// one separately. Rank 1 checks every value and which messages were packed, and prints "wire ok".
 int wire()
 {
@@ -345,12 +349,16 @@ int run(const std::string& name, const std::string& out, int kill_rank, int kill
 
 int main(int argc, char** argv)
 {
-  if (argc < 3) {
-    std::cerr << "usage: " << argv[0] << " <scenario> <out-dir> [kill-rank kill-step]\n";
+  std::vector<std::string> positional, flags;
+  for (int i = 1; i < argc; ++i) (std::string(argv[i]).starts_with("--") ? flags : positional).emplace_back(argv[i]);
+  if (positional.size() < 2) {
+    std::cerr << "usage: " << argv[0] << " <scenario> <out-dir> [kill-rank kill-step] [flags: scenario::Knobs]\n";
     return 2;
   }
   try {
-    return run(argv[1], argv[2], argc > 4 ? std::atoi(argv[3]) : -1, argc > 4 ? std::atoi(argv[4]) : -1);
+    knobs = scenario::Knobs::parse(flags);
+    const bool kill = positional.size() >= 4;
+    return run(positional[0], positional[1], kill ? std::stoi(positional[2]) : -1, kill ? std::stoi(positional[3]) : -1);
   } catch (const std::exception& e) {
     std::cerr << e.what() << "\n";
     return 1;

@@ -1,8 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests for mpx/runtime/sampler.hpp (DistributedSampler semantics) and mpx/runtime/lr.hpp.
+// Tests for mpx/runtime/sampler.hpp (DistributedSampler semantics).
 #include "support/catch.hpp"
 
-#include <mpx/runtime/lr.hpp>
 #include <mpx/runtime/sampler.hpp>
 
 #include <algorithm>
@@ -41,18 +40,4 @@ TEST_CASE("Shuffles differ by epoch, agree across calls and replicas", "[sampler
   mpx::DistributedSampler plain{5, 1, 0, false, 0};
   CHECK(plain.indices(9) == std::vector<std::size_t>{0, 1, 2, 3, 4});
   CHECK_THROWS_AS((mpx::DistributedSampler{0, 1, 0}.indices(0)), mpx::config_error);
-}
-
-TEST_CASE("Warm-up then cosine", "[lr]")
-{
-  mpx::WarmupCosine lr{1.0, 4, 14, 0.1};
-  CHECK(lr(0) == Approx(0.25));
-  CHECK(lr(3) == Approx(1.0));
-  CHECK(lr(4) == Approx(1.0));
-  CHECK(lr(9) == Approx(0.1 + 0.9 * 0.5));  // half way through the decay
-  CHECK(lr(14) == Approx(0.1));
-  CHECK(lr(100) == Approx(0.1));
-  mpx::WarmupCosine flat{3e-4, 0, 1, 1.0};
-  CHECK(flat(0) == Approx(3e-4));
-  CHECK(flat(50) == Approx(3e-4));
 }

@@ -7,7 +7,9 @@
 
 #include <mpx/mpx.hpp>
 
-#include <cstdlib>  // std::getenv
+#include <stdexcept>  // std::invalid_argument
+#include <string>     // std::string
+#include <vector>     // std::vector
 #include <string>
 #include <vector>
 
@@ -171,18 +173,79 @@ inline constexpr int rows_per_replica = 12;  // batch rows per replica per step 
 inline constexpr int steps = 5;
 inline const tiny::Config config{};
 
-inline mpx::TrainOptions options()
+/// What a test asks of its ranks beyond the scenario: the rank program's flags (rank_main.cpp), and what the
+/// one-process reference computes with (runtime.test.cpp).
+struct Knobs
+{
+  int split_trials = 0;          ///< --split-trials=N: ZB-H1 settles its split after N trials of each way (0: the default)
+  bool overlap = false;          ///< --overlap: no clipping and no skip: the optimizers step during the end-of-step all-reduce
+  bool unmarked_blocks = false;  ///< --unmarked-blocks: the tiny model marks no blocks (ZB-H1 then runs a whole backward in I)
+  std::string trace;             ///< --trace=FILE: the last step's Chrome trace of every rank, written by rank 0
+  int inf_stage = -1;            ///< --inject-inf=STAGE,STEP: an inf in that stage's gradient at that step
+  long inf_step = -1;
+  int exit_rank = -1;            ///< --exit-before-sum=RANK,STEP: that rank's process ends after its walk of that step
+  long exit_step = -1;
+  long resume_at = -1;           ///< --resume-at=STEP: save there, then go on from the files in new trainers
+
+  /// As the rank program takes them.
+  std::vector<std::string> flags() const
+  {
+    std::vector<std::string> f;
+    if (split_trials > 0) f.push_back("--split-trials=" + std::to_string(split_trials));
+    if (overlap) f.push_back("--overlap");
+    if (unmarked_blocks) f.push_back("--unmarked-blocks");
+    if (!trace.empty()) f.push_back("--trace=" + trace);
+    if (inf_stage >= 0) f.push_back("--inject-inf=" + std::to_string(inf_stage) + "," + std::to_string(inf_step));
+    if (exit_rank >= 0) f.push_back("--exit-before-sum=" + std::to_string(exit_rank) + "," + std::to_string(exit_step));
+    if (resume_at >= 0) f.push_back("--resume-at=" + std::to_string(resume_at));
+    return f;
+  }
+
+  /// Reads `flags()`'s form; an unknown flag is an std::invalid_argument.
+  static Knobs parse(const std::vector<std::string>& flags)
+  {
+    Knobs k;
+    auto pair = [](const std::string& v, auto& a, auto& b) {
+      const auto comma = v.find(',');
+      if (comma == std::string::npos) throw std::invalid_argument("expected A,B, got " + v);
+      a = std::stoi(v.substr(0, comma)), b = std::stol(v.substr(comma + 1));
+    };
+    for (const auto& f : flags) {
+      const auto eq = f.find('=');
+      const std::string name = f.substr(0, eq), value = eq == std::string::npos ? "" : f.substr(eq + 1);
+      if (name == "--split-trials") k.split_trials = std::stoi(value);
+      else if (name == "--overlap") k.overlap = true;
+      else if (name == "--unmarked-blocks") k.unmarked_blocks = true;
+      else if (name == "--trace") k.trace = value;
+      else if (name == "--inject-inf") pair(value, k.inf_stage, k.inf_step);
+      else if (name == "--exit-before-sum") pair(value, k.exit_rank, k.exit_step);
+      else if (name == "--resume-at") k.resume_at = std::stol(value);
+      else throw std::invalid_argument("unknown flag " + f);
+    }
+    return k;
+  }
+};
+
+inline mpx::TrainOptions options(const Knobs& k = {})
 {
   mpx::TrainOptions o;
   o.lr = mpx::WarmupCosine{1e-2, 2, 5, 0.1};
   o.weight_decay = 0.01;
   o.clip_norm = 1.0;
   o.momentum = 0.9;  // SGD stages
-  if (const char* t = std::getenv("MPX_TEST_SPLIT_TRIALS")) o.split_trials = std::atoi(t);  // ZB-H1: settle the split sooner
-  if (std::getenv("MPX_TEST_OVERLAP")) {  // no clipping and no skip: the optimizers step during the end-of-step all-reduce
+  if (k.split_trials > 0) o.split_trials = k.split_trials;  // ZB-H1: settle the split sooner
+  if (k.overlap) {  // no clipping and no skip: the optimizers step during the end-of-step all-reduce
     o.clip_norm = 0;
     o.skip_nonfinite = false;
   }
   return o;
+}
+
+/// The tiny model's config under `k` (marking its blocks or not).
+inline tiny::Config config_of(const Knobs& k)
+{
+  tiny::Config c = config;
+  c.mark_blocks = !k.unmarked_blocks;
+  return c;
 }
 }  // namespace scenario

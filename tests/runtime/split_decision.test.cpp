@@ -114,16 +114,16 @@ TEST_CASE("A ZB-H1 walk with the split off runs the whole backward in I, and wal
     CAPTURE(split);
     const auto mbs = rooms::microbatches(split ? 1 : 0);
     for (auto& mb : mbs) (tiny::loss(ref->forward(mb.tokens), mb) / 4.0).backward();
-    ex.use_split(split);
-    CHECK(ex.splitting(0) == split);
+    ex.choose_split(split);
+    CHECK(ex.split().splitting(0) == split);
     std::vector<std::string> events;
     ex.walk(mbs, 1.0, 0, nullptr, [&](int s) { events.push_back("last " + std::to_string(s)); },
             [&](int s) { events.push_back("done " + std::to_string(s)); });
     CHECK(events == std::vector<std::string>{"last 0", "done 0"});  // before the last backward that computes weights
-    CHECK(ex.split_ran(0) == (split || ran_before));  // known once it split
-    ran_before = ex.split_ran(0);
+    CHECK(ex.split().ran_split(0) == (split || ran_before));  // known once it split
+    ran_before = ex.split().ran_split(0);
     auto mine = set.parameters(0), theirs = ref->parameters();      // gradients accumulated over the walks
     for (std::size_t i = 0; i < mine.size(); ++i) CHECK(torch::allclose(mine[i].grad(), theirs[i].grad(), 1e-5, 1e-7));
   }
-  CHECK(ex.split_ran(0));
+  CHECK(ex.split().ran_split(0));
 }

@@ -125,8 +125,8 @@ TEST_CASE("2,000 seeded mutations of real headers: each is read back or refused 
     }
     const mpx::Expect e = pair_expect();
     try {
-      const auto room = std::int64_t(msg.nbytes()) - mpx::detail::header_bytes;
-      const auto h = mpx::detail::read_header(words, room, e, "fuzzed message");
+      const auto capacity = std::int64_t(msg.nbytes()) - mpx::detail::header_bytes;
+      const auto h = mpx::detail::read_header(words, capacity, e, "fuzzed message");
       if (h.packed >= 0) CHECK(receive(msg, e).size() == 2);  // else its payloads would follow as messages of their own
       ++read_back;
     } catch (const mpx::peer_error&) {

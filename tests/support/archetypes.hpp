@@ -51,7 +51,7 @@ struct Text
   using hidden_type = Tensor;
   static constexpr int num_layers = 8;
   static constexpr int num_heads = 6;
-  static constexpr bool tp_blocks = true;  // splits itself under TensorParallel<N>
+  static constexpr bool tp_blocks = true;  // cuts itself under TensorParallel<N>
   static constexpr std::string_view name = "Text";
 };
 /// Tensor -> Tensor, for chains of any length.

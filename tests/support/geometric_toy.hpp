@@ -2,7 +2,7 @@
 #pragma once
 /// An unbalanced toy model for the profiler and the balancer: six MLP layers of width 64 whose hidden widths
 /// double from layer to layer (64, 128, ..., 2048), so each layer costs about twice the one before it and an
-/// even split by layer count leaves the first slot nearly idle. Its layer range is chosen at run time (the
+/// even partition by layer count leaves the first slot nearly idle. Its layer range is chosen at run time (the
 /// balancer's ranges come from measured costs), as moondream's text stages are.
 
 #include <mpx/mpx.hpp>

@@ -50,7 +50,7 @@ inline ReferenceRun train_reference(std::vector<tiny::Model>& stages, std::vecto
     std::vector<std::vector<at::Tensor>> partial;
     for (int r = 0; r < o.replicas; ++r) {
       auto batch = tiny::make_batch(c, o.rows, step, r, o.replicas);
-      for (auto& mb : mpx::split_microbatches(batch, o.microbatches)) {
+      for (auto& mb : mpx::slice_microbatches(batch, o.microbatches)) {
         auto x = mb.tokens;
         for (auto& st : stages) {  // each stage's forward in its own autocast region, as on the ranks
           mpx::AutocastGuard autocast(c10::DeviceType::CPU, o.bf16, at::kBFloat16);

@@ -23,7 +23,7 @@ inline tiny::Model make_model()
 }
 inline auto make = [](auto) { return make_model(); };
 
-inline std::vector<tiny::Batch> microbatches(long step) { return mpx::split_microbatches(tiny::make_batch(config, rows, step, 0, 1), 4); }
+inline std::vector<tiny::Batch> microbatches(long step) { return mpx::slice_microbatches(tiny::make_batch(config, rows, step, 0, 1), 4); }
 
 inline double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
 }  // namespace rooms

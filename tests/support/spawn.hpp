@@ -5,7 +5,7 @@
 /// the test fails. Unlike mpx::launch it does not stop the others when one fails, so tests can see how
 /// the survivors end.
 
-#include <mpx/runtime/launch.hpp>  // mpx::detail::free_port
+#include <mpx/runtime/launch/launch.hpp>  // mpx::detail::free_port
 
 #include <signal.h>
 #include <sys/stat.h>

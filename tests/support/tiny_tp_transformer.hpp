@@ -62,7 +62,7 @@ struct ModelImpl : torch::nn::Module
   using hidden_type = torch::Tensor;  // (B, T, D) (sequence parallel: the full sequence at stage boundaries)
   using output_type = torch::Tensor;  // logits (B, T, V/N)
   static constexpr int num_heads = 4;  // the TP tests build it with 4 heads
-  static constexpr bool tp_blocks = true;  // written with mpx::tp blocks: it splits itself under TensorParallel<N>
+  static constexpr bool tp_blocks = true;  // written with mpx::tp blocks: it cuts itself under TensorParallel<N>
 
   ModelImpl(const Config& c, int begin, int end, bool sp = false) : first(begin == 0), last(end == c.layers), sp(sp)
   {

@@ -21,7 +21,7 @@ inline void run(mpx::World& world, const Batch& batch)
   mpx::Trainer<Model, Batch> trainer(
       world, [](auto) { return torch::nn::Linear(4, 4); }, [](const Batch& b) { return b.tokens; },
       [](const at::Tensor& out, const Batch& b) { return torch::mse_loss(out, b.labels); }, options);
-  const mpx::StepStats st = trainer.step(mpx::split_microbatches(batch, Model::num_microbatches));
+  const mpx::StepStats st = trainer.step(mpx::slice_microbatches(batch, Model::num_microbatches));
   (void)st;
 }
 }  // namespace snippets

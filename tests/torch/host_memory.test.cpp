@@ -5,6 +5,7 @@
 // and release_host_memory() gives it back.
 #include "support/catch_torch.hpp"
 
+#include <mpx/runtime/launch/env.hpp>  // mpx::read_env: MPX_KEEP_HOST_MEMORY
 #include <mpx/torch/host_memory.hpp>
 
 #include <torch/torch.h>
@@ -50,11 +51,12 @@ TEST_CASE("keep_host_memory: large tensors reuse cached blocks instead of fresh 
 {
 #if MPX_HOST_CACHE_AVAILABLE
   ::setenv("MPX_KEEP_HOST_MEMORY", "0", 1);
-  CHECK_FALSE(mpx::keep_host_memory_wanted());
-  CHECK_FALSE(mpx::keep_host_memory());  // the opt-out is honoured
+  CHECK_FALSE(mpx::read_env().keep_host_memory);  // the opt-out, read with the environment: make_world then leaves the allocator
   CHECK(mpx::host_memory_stats().misses == 0);
+  ::setenv("MPX_KEEP_HOST_MEMORY", "maybe", 1);
+  CHECK_THROWS_WITH(mpx::read_env(), Catch::Contains("MPX_KEEP_HOST_MEMORY") && Catch::Contains("set it to 1"));
   ::unsetenv("MPX_KEEP_HOST_MEMORY");
-  REQUIRE(mpx::keep_host_memory_wanted());
+  REQUIRE(mpx::read_env().keep_host_memory);
   REQUIRE(mpx::keep_host_memory());
   REQUIRE(mpx::keep_host_memory());  // idempotent
   REQUIRE(c10::GetCPUAllocator() == mpx::detail::host_cache());

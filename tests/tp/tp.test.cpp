@@ -110,10 +110,10 @@ TEST_CASE("In one process the blocks are their plain counterparts: the TP model 
   }
   auto batch = tiny::make_batch(config, rows, 0, 0, 1);
   CHECK(torch::allclose(tiny::loss(plain(batch.tokens), batch), tiny_tp::loss(split(batch.tokens), batch), 1e-6, 1e-7));
-  CHECK(mpx::tp::split_parameters(*split).empty());  // nothing is split in a group of one
+  CHECK(mpx::tp::cut_parameters(*split).empty());  // nothing is split in a group of one
 }
 
-TEST_CASE("Each operator and block matches the unsplit arithmetic on 2 and 4 ranks, forward and backward", "[tp][ops]")
+TEST_CASE("Each operator and block matches the single-process arithmetic on 2 and 4 ranks, forward and backward", "[tp][ops]")
 {
   check_on_ranks("ops");
 }
@@ -134,9 +134,9 @@ TEST_CASE("With sequence parallelism, TP = 2 and TP = 4 train like one process",
 TEST_CASE("Dropout draws per rank in a split region and alike on every rank outside one, and a recompute repeats it", "[tp][dropout]")
 {
   check_on_ranks("dropout");
-  // in a group of one it is plain dropout from the default generator: the model runs unsplit unchanged
+  // in a group of one it is plain dropout from the default generator: the model runs uncut, unchanged
   torch::manual_seed(3);
-  const auto a = mpx::tp::dropout(torch::ones({50}), 0.5, true, mpx::tp::Region::split);
+  const auto a = mpx::tp::dropout(torch::ones({50}), 0.5, true, mpx::tp::Region::sharded);
   torch::manual_seed(3);
   CHECK(torch::equal(a, torch::dropout(torch::ones({50}), 0.5, true)));
 }

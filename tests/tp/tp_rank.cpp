@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // One rank of the tensor-parallel tests (tp.test.cpp starts N of them on loopback; all N form one group):
-//   mpx.tests.tp_rank ops <out-dir>          each operator and block against the unsplit arithmetic; "ops ok"
+//   mpx.tests.tp_rank ops <out-dir>          each operator and block against the single-process arithmetic; "ops ok"
 //   mpx.tests.tp_rank train|train-sp <out>   the tiny TP transformer, 5 AdamW steps; rank 0 prints
 //                                            "loss <step> <value>" and "norm <step> <value>" and saves every
 //                                            parameter, made whole again, to <out>/params.pt
-//   mpx.tests.tp_rank dropout <out-dir>      split-region masks differ across ranks, replicated ones agree,
+//   mpx.tests.tp_rank dropout <out-dir>      sharded-region masks differ across ranks, replicated ones agree,
 //                                            a checkpointed recompute repeats them; "dropout ok"
 #include "support/tiny_tp_transformer.hpp"
 
@@ -43,7 +43,7 @@ void expect(bool ok, const std::string& what)
 }
 bool close(const at::Tensor& a, const at::Tensor& b) { return a.sizes() == b.sizes() && torch::allclose(a, b, 1e-5, 1e-6); }
 
-/// Each operator's forward and backward against what the unsplit arithmetic gives, rank by rank.
+/// Each operator's forward and backward against what the single-process arithmetic gives, rank by rank.
 int ops(const tp::GroupPtr& g)
 {
   const int r = g->rank, n = g->size;
@@ -110,7 +110,7 @@ int ops(const tp::GroupPtr& g)
   }
   {  // a fused column split per part, and back
     auto w_full = torch::arange(double(6 * n * 2)).reshape({6 * n, 2});
-    const tp::Split s{"weight", 0, {2 * n, 2 * n, 2 * n}};
+    const tp::Cut s{"weight", 0, {2 * n, 2 * n, 2 * n}};
     auto local = tp::shard(w_full, s, *g);
     expect(local.size(0) == 6, "shard's size");
     expect(close(local.narrow(0, 0, 2), w_full.narrow(0, 2 * r, 2)), "shard of the first part");
@@ -132,21 +132,21 @@ int ops(const tp::GroupPtr& g)
     (yb * up).sum().backward();
     for (int i = 0; i < 3; ++i) expect(close(a[std::size_t(i)].grad(), b[std::size_t(i)].grad()), "gathered_linear gradient " + std::to_string(i));
   }
-  {  // grouped-query key/value heads fewer than ranks: a shared part (tp::Split::shares)
+  {  // grouped-query key/value heads fewer than ranks: a shared part (tp::Cut::shares)
     const int64_t kv = std::max(1, n / 2), hd = 2;  // kv key/value heads of width 2, each held by n / kv ranks
-    const tp::Split s{"weight", 0, {hd * n, hd * kv}, {1, n / kv}};
+    const tp::Cut s{"weight", 0, {hd * n, hd * kv}, {1, n / kv}};
     auto w_full = torch::arange(double(hd * (n + kv) * 3)).reshape({hd * (n + kv), 3});
     auto local = tp::shard(w_full, s, *g);
     expect(local.size(0) == 2 * hd, "a shared shard's size");
     expect(close(local.narrow(0, hd, hd), w_full.narrow(0, hd * n + hd * (r / (n / kv)), hd)), "the shared piece a rank holds");
     expect(close(tp::unshard(local, s, *g), w_full), "unshard of a shared split");
-    // a ColumnLinear of n query heads and kv shared ones: weights the unsplit draw's, gradients the whole's
+    // a ColumnLinear of n query heads and kv shared ones: weights the whole draw's, gradients the whole's
     torch::manual_seed(3);
     torch::nn::Linear whole(3, hd * (n + kv));
     torch::manual_seed(3);
     tp::Scope scope(g);
     tp::ColumnLinear lin(tp::ColumnLinearOptions(3, hd * (n + kv)).parts({hd * n, hd * kv}).units({n, kv}));
-    expect(close(tp::unshard(lin->weight, lin->splits()[0], *g), whole->weight.detach()), "a shared ColumnLinear's draw");
+    expect(close(tp::unshard(lin->weight, lin->cuts()[0], *g), whole->weight.detach()), "a shared ColumnLinear's draw");
     auto x = torch::arange(12.0).reshape({4, 3}) / 10;
     auto up = [&](int q) { return torch::arange(double(4 * 2 * hd)).reshape({4, 2 * hd}) + q; };  // rank q's upstream gradient
     (lin(x) * up(r)).sum().backward();
@@ -158,8 +158,8 @@ int ops(const tp::GroupPtr& g)
       full_up.narrow(1, hd * n + hd * (q / (n / kv)), hd) += up(q).narrow(1, hd, hd);
     }
     (whole(x) * full_up).sum().backward();
-    expect(close(tp::unshard(lin->weight.grad(), lin->splits()[0], *g), whole->weight.grad()), "a shared ColumnLinear's weight gradient");
-    expect(close(tp::unshard(lin->bias.grad(), lin->splits()[1], *g), whole->bias.grad()), "a shared ColumnLinear's bias gradient");
+    expect(close(tp::unshard(lin->weight.grad(), lin->cuts()[0], *g), whole->weight.grad()), "a shared ColumnLinear's weight gradient");
+    expect(close(tp::unshard(lin->bias.grad(), lin->cuts()[1], *g), whole->bias.grad()), "a shared ColumnLinear's bias gradient");
     auto sq = torch::full({1}, tp::local_gradient_sq(*lin, g), torch::kDouble);
     tp::all_reduce(*g, sq);
     const double want_sq = (whole->weight.grad().to(at::kDouble).pow(2).sum() + whole->bias.grad().to(at::kDouble).pow(2).sum()).item<double>();
@@ -187,7 +187,7 @@ int train(const tp::GroupPtr& g, bool sp, const std::string& out)
     if (g->rank == 0) std::printf("loss %ld %.17g\nnorm %ld %.17g\n", step, loss.item<double>(), step, std::sqrt(sq.item<double>()));
   }
   std::vector<at::Tensor> whole;
-  const auto splits = tp::split_parameters(*model);
+  const auto splits = tp::cut_parameters(*model);
   for (const auto& p : model->named_parameters()) {
     auto it = std::find_if(splits.begin(), splits.end(), [&](auto& s) { return s.first == p.key(); });
     whole.push_back(it == splits.end() ? p.value().detach().clone() : tp::unshard(p.value(), it->second, *g));
@@ -203,9 +203,9 @@ int train(const tp::GroupPtr& g, bool sp, const std::string& out)
 int dropout(const tp::GroupPtr& g)
 {
   torch::manual_seed(7);  // every rank alike, as a run's seed
-  tp::seed_split_regions(7, g->rank);
+  tp::seed_sharded_regions(7, g->rank);
   const auto ones = torch::ones({64, 32});
-  const auto split = tp::dropout(ones, 0.5, true, tp::Region::split, g);
+  const auto split = tp::dropout(ones, 0.5, true, tp::Region::sharded, g);
   const auto replicated = tp::dropout(ones, 0.5, true, tp::Region::replicated, g);
   const auto splits = tp::all_gather(*g, split.contiguous()), replicas = tp::all_gather(*g, replicated.contiguous());
   for (int q = 1; q < g->size; ++q) {
@@ -213,16 +213,16 @@ int dropout(const tp::GroupPtr& g)
     expect(torch::equal(replicas[0], replicas[std::size_t(q)]), "a replicated region's mask on rank " + std::to_string(q) + " (not rank 0's)");
   }
   const double kept = split.gt(0).to(at::kDouble).mean().item<double>();
-  expect(kept > 0.4 && kept < 0.6, "the share a split-region dropout keeps (" + std::to_string(kept) + ")");
-  expect(torch::equal(tp::dropout(ones, 0.5, false, tp::Region::split, g), ones), "dropout outside training");
+  expect(kept > 0.4 && kept < 0.6, "the share a sharded-region dropout keeps (" + std::to_string(kept) + ")");
+  expect(torch::equal(tp::dropout(ones, 0.5, false, tp::Region::sharded, g), ones), "dropout outside training");
   // the same region plain and checkpointed: the recompute repeats the split generator's draws
   auto region = [&](const std::vector<at::Tensor>& in) {
-    return std::vector<at::Tensor>{tp::dropout(in[0] * 2, 0.3, true, tp::Region::split, g) + tp::dropout(in[0], 0.3, true, tp::Region::replicated, g)};
+    return std::vector<at::Tensor>{tp::dropout(in[0] * 2, 0.3, true, tp::Region::sharded, g) + tp::dropout(in[0], 0.3, true, tp::Region::replicated, g)};
   };
   auto x1 = torch::randn({16, 8}).requires_grad_(true);
   auto x2 = x1.detach().clone().requires_grad_(true);
   {
-    std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator(), tp::split_region_generator()};
+    std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator(), tp::sharded_region_generator()};
     std::vector<at::Tensor> states;
     for (auto& gen : gens) {
       std::lock_guard<std::mutex> l(gen.mutex());
@@ -235,7 +235,7 @@ int dropout(const tp::GroupPtr& g)
     }
     mpx::checkpoint(region, {x2}, {})[0].pow(2).sum().backward();
   }
-  expect(torch::equal(x1.grad(), x2.grad()), "the gradient of a checkpointed region with split-region dropout");
+  expect(torch::equal(x1.grad(), x2.grad()), "the gradient of a checkpointed region with sharded-region dropout");
   if (failures == 0 && g->rank == 0) std::cout << "dropout ok\n";
   return failures == 0 ? 0 : 1;
 }

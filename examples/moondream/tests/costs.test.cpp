@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests for examples/moondream/costs.hpp: the pieces' costs from the config, and the layouts' cuts — layouts
-// 2 and 4 as moondream_train always cut them, 2b and 4b balanced (never predicted slower, and faster where
+// Tests for examples/moondream/costs.hpp: the pieces' costs from the config, and the layouts' partitions — layouts
+// 2 and 4 as moondream_train always partition them, 2b and 4b balanced (never predicted slower, and faster where
 // the encoder and the decoder are unequal).
 #include "../../../tests/support/catch_torch.hpp"
 #include "../costs.hpp"
@@ -29,7 +29,7 @@ TEST_CASE("The pieces' costs: md2's frozen encoder forward against the decoder's
   CHECK(text / 1e12 == Approx(7.3).epsilon(0.1));     // ~7.3 TFLOP forward + backward
 }
 
-TEST_CASE("Layouts 2 and 4 cut as moondream_train always did: vision alone, text in equal ranges", "[moondream][costs]")
+TEST_CASE("Layouts 2 and 4 partitioned as moondream_train always did: vision alone, text in equal ranges", "[moondream][costs]")
 {
   const auto p4 = plan("md2", "4", true);
   CHECK(p4.vision_alone());
@@ -51,7 +51,7 @@ TEST_CASE("Balanced layouts give md2's first device text layers beside the froze
       CAPTURE(config);
       for (auto [naive, balanced] : {std::pair{"2", "2b"}, std::pair{"4", "4b"}}) {
         const auto n = plan(config, naive, true, schedule), b = plan(config, balanced, true, schedule);
-        CAPTURE(balanced, b.cut[1], b.cut[2]);
+        CAPTURE(balanced, b.part[1], b.part[2]);
         CHECK(b.predicted.makespan <= n.predicted.makespan);
       }
     }
@@ -62,7 +62,7 @@ TEST_CASE("Balanced layouts give md2's first device text layers beside the froze
   const auto md2_4 = plan("md2", "4b", true);
   CHECK(md2_4.predicted.makespan < plan("md2", "4", true).predicted.makespan * 95 / 100);
   const auto medium = plan("medium", "4b", true);  // the encoder is ~47% of medium's work
-  CHECK(medium.cut[1] < medium.vision_blocks);
+  CHECK(medium.part[1] < medium.vision_blocks);
   CHECK(medium.frozen_slots >= 1);
   CHECK(medium.predicted.makespan < plan("medium", "4", true).predicted.makespan * 80 / 100);
 }

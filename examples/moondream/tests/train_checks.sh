@@ -301,7 +301,7 @@ PY
     fi
     ;;
   crashsave)
-    # a crash after each phase of a save (state_io.hpp) leaves a checkpoint that --resume finds and uses
+    # a crash after each phase of a save (runtime/checkpoint/phases.hpp) leaves a checkpoint that --resume finds and uses
     ulimit -c 0
     small+=(--optimizer adamw8bit --steps 4 --save-every 2)
     "$train" "${small[@]}" --layout 2 --save "$work/full"
@@ -338,7 +338,7 @@ PY
     expect "stage1.safetensors has 100 bytes" "$train" "${small[@]}" --layout 2 --steps 2 --resume "$work/corrupt"
     cmp "$work/ok/checkpoint/step-00000001/manifest.json" "$work/corrupt/checkpoint/step-00000001/manifest.json"  # a failed resume writes nothing
     expect "use --layout 2, 4 or 2x2" "$train" "${small[@]}" --layout 1 --steps 1 --max-restarts 1
-    expect "splits the vision stage of layout 2 or 2x2" "$train" "${small[@]}" --layout 4 --vision-tp 2 --steps 1
+    expect "cuts the vision stage of layout 2 or 2x2" "$train" "${small[@]}" --layout 4 --vision-tp 2 --steps 1
     # two ranks started with a different setting (seed, micro-batch size, config): both stop before step 1,
     # naming the setting and both values
     mismatch() {  # <setting> <rank 0's value> <rank 1's value> <the values as the message shows them, rank 0 then 1>

@@ -12,8 +12,8 @@
 ///   tensor is aligned), pads the header with spaces to a multiple of 8, and writes atomically: a temporary
 ///   file in the same directory, flushed, then renamed over `path` — a crash leaves the old file intact.
 
-#include <mpx/runtime/errors.hpp>  // mpx::config_error
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/errors.hpp>  // mpx::config_error
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <nlohmann/json_fwd.hpp>  // nlohmann::json (declared; defined below, for the definitions)
 #include <torch/torch.h>      // at::Tensor, torch::from_blob
@@ -75,7 +75,7 @@ MPX_DECL void save_safetensors(const std::string& path, const std::map<std::stri
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 #include <nlohmann/json.hpp>  // nlohmann::json
 
 namespace mpx::detail

@@ -1,16 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// @file optim/adamw8bit.hpp
-/// `mpx::AdamW8bitOptimizer`: AdamW whose moments are stored in 8 bits, block-wise. Each block of 256
-/// values keeps its absolute maximum in fp32 and one byte per value: an index into a 256-entry code book —
-/// a signed one for the first moment, an unsigned one for the second. Both code books are dynamic:
-/// log-spaced from 1e-7 to 0.1, then linear to 1, so small moments keep their scale and values near the
-/// block maximum keep about 0.5% precision. Tensors under 4096 elements keep fp32 moments (as
-/// bitsandbytes' AdamW8bit does). Weight decay is decoupled. State costs about 2.03 bytes per parameter
-/// (fp32 AdamW: 8). `save`/`load` round-trip the state, hyper-parameters included.
+/// `mpx::AdamW8bitOptimizer`: AdamW whose moments are stored in 8 bits, block-wise (quantize.hpp: blocks of
+/// 256 values, dynamic code books). Tensors under 4096 elements keep fp32 moments (as bitsandbytes'
+/// AdamW8bit does). Weight decay is decoupled. State costs about 2.03 bytes per parameter (fp32 AdamW: 8).
+/// `save`/`load` round-trip the state, hyper-parameters included; `param_state`/`set_param_state` give it
+/// as named fields (`Field`), which checkpoints save by parameter name.
 
-#include <mpx/runtime/errors.hpp>  // mpx::config_error
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/errors.hpp>  // mpx::config_error
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/optim/quantize.hpp>  // mpx::Quantized, quantize, dequantize, code books
 
 #include <torch/torch.h>  // torch::optim::Optimizer, torch::optim::AdamWOptions
 
@@ -21,6 +20,7 @@
 #include <cstdio>         // std::snprintf
 #include <cstring>        // std::memcpy
 #include <map>            // std::map
+#include <utility>        // std::pair
 #include <string>         // std::string
 #include <unordered_map>  // std::unordered_map
 #include <vector>         // std::vector
@@ -30,43 +30,6 @@ namespace mpx
 
 namespace detail
 {
-/// The code books: 256 sorted values in [-1, 1] (signed) or [0, 1] (unsigned).
-MPX_DECL at::Tensor dynamic_code(bool is_signed);
-MPX_DECL const at::Tensor& signed_code();
-MPX_DECL const at::Tensor& unsigned_code();
-}  // namespace detail
-
-/// A tensor in 8 bits, block-wise (see the file comment).
-struct Quantized
-{
-  at::Tensor codes;   ///< uint8, numel rounded up to whole blocks
-  at::Tensor absmax;  ///< fp32, one per block
-  std::int64_t numel = 0;
-};
-
-inline constexpr std::int64_t quant_block = 256;
-
-/// Quantizes `x` with the code book `code` (ascending).
-MPX_DECL Quantized quantize(const at::Tensor& x, const at::Tensor& code);
-
-/// The fp32 values of a quantized tensor, in `shape`.
-MPX_DECL at::Tensor dequantize(const Quantized& q, const at::Tensor& code, at::IntArrayRef shape);
-
-namespace detail
-{
-/// Nearest-code lookup in O(1): a table indexed by the upper 16 bits of a float (sign, exponent, 7
-/// mantissa bits) gives the first code at or above the bucket's smallest value; a value then needs at
-/// most a step or two forward. Ties go to the lower code, as in `quantize`.
-struct CodeLookup
-{
-  std::vector<float> code;
-  std::vector<std::uint16_t> first;  // per bucket: first index with code >= the bucket's minimum
-  explicit CodeLookup(const at::Tensor& c);
-  int operator()(float x) const;
-};
-MPX_DECL const CodeLookup& signed_lookup();
-MPX_DECL const CodeLookup& unsigned_lookup();
-
 /// One AdamW step of a CPU fp32 parameter whose moments are 8-bit, fused block by block: dequantize,
 /// update the moments and the parameter, requantize. Same arithmetic as the tensor path, one pass over memory.
 MPX_DECL void fused_step_8bit(at::Tensor& p, const at::Tensor& g, Quantized& m8, Quantized& v8, bool first, double lr, double b1, double b2,
@@ -84,8 +47,30 @@ class AdamW8bitOptimizer : public torch::optim::Optimizer
   /// Bytes of optimizer state held for the parameters (moments, block maxima, step counters excluded).
   std::size_t state_bytes() const;
 
-  /// Parameter `p`'s state as named tensors (`step`, and `m`, `v` or the 8-bit `m8`, `m8max`, `v8`,
-  /// `v8max`); empty before its first step.
+  /// The names of a parameter's state fields, as `param_state` gives them and checkpoints save them
+  /// (`<parameter>/<field>`): the step, then either the fp32 moments (tensors under `min_8bit_numel`) or
+  /// each moment's 8-bit codes and block maxima.
+  struct Field
+  {
+    static constexpr const char *step = "step", *m = "m", *v = "v";
+    static constexpr const char *m_codes = "m8", *m_absmax = "m8max", *v_codes = "v8", *v_absmax = "v8max";
+  };
+  static constexpr const char* fields[] = {Field::step, Field::m, Field::v, Field::m_codes, Field::m_absmax, Field::v_codes, Field::v_absmax};
+  /// For an fp32 moment field (`m` or `v`): the fields that hold it in 8 bits (codes, block maxima); nulls
+  /// for any other field.
+  static std::pair<const char*, const char*> quantized_fields(const std::string& moment)
+  {
+    if (moment == Field::m) return {Field::m_codes, Field::m_absmax};
+    if (moment == Field::v) return {Field::v_codes, Field::v_absmax};
+    return {nullptr, nullptr};
+  }
+  /// Whether `field` is one of the 8-bit fields (codes or block maxima).
+  static bool is_quantized_field(const std::string& field)
+  {
+    return field == Field::m_codes || field == Field::m_absmax || field == Field::v_codes || field == Field::v_absmax;
+  }
+
+  /// Parameter `p`'s state as named tensors (`Field`); empty before its first step.
   std::map<std::string, at::Tensor> param_state(const at::Tensor& p) const;
   /// Sets parameter `p`'s state from what `param_state` gave (onto the parameter's device), or from fp32
   /// moments `m`, `v` for any parameter (quantized here when it is large); a `config_error` when a field is
@@ -112,110 +97,21 @@ class AdamW8bitOptimizer : public torch::optim::Optimizer
   std::int64_t min_8bit_;
 };
 
+namespace detail
+{
+/// A moment kept in 8 bits (its `codes` and block maxima `absmax`, as a checkpoint holds them) as the fp32
+/// moment it stands for, in `shape`: what moves to a parameter cut another way (`set_param_state` takes
+/// fp32 `m`, `v`). `is_signed`: the first moment's code book, else the second's.
+MPX_DECL at::Tensor dense_moment(const at::Tensor& codes, const at::Tensor& absmax, at::IntArrayRef shape, bool is_signed);
+}  // namespace detail
+
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx::detail
 {
-
-MPX_DECL at::Tensor dynamic_code(bool is_signed)
-{
-  std::vector<float> pos;
-  const int logs = is_signed ? 32 : 64, lins = is_signed ? 96 : 191;
-  for (int j = 0; j < logs; ++j) pos.push_back(float(std::pow(10.0, -7.0 + 6.0 * j / logs)));  // [1e-7, 0.1)
-  for (int i = 0; i < lins; ++i) pos.push_back(float(0.1 + 0.9 * i / (lins - 1)));             // [0.1, 1]
-  std::vector<float> all{0.0f};
-  all.insert(all.end(), pos.begin(), pos.end());
-  if (is_signed)
-    for (std::size_t k = 1; k < pos.size(); ++k) all.push_back(-pos[k]);  // 127 negatives
-  std::sort(all.begin(), all.end());
-  return torch::tensor(all);
-}
-
-MPX_DECL const at::Tensor& signed_code()
-{
-  static const at::Tensor c = dynamic_code(true);
-  return c;
-}
-
-MPX_DECL const at::Tensor& unsigned_code()
-{
-  static const at::Tensor c = dynamic_code(false);
-  return c;
-}
-
-}  // namespace mpx::detail
-
-namespace mpx
-{
-
-MPX_DECL Quantized quantize(const at::Tensor& x, const at::Tensor& code)
-{
-  Quantized q;
-  q.numel = x.numel();
-  auto flat = x.detach().reshape(-1).to(torch::kFloat);
-  const std::int64_t blocks = (q.numel + quant_block - 1) / quant_block;
-  if (blocks * quant_block != q.numel) flat = torch::cat({flat, torch::zeros({blocks * quant_block - q.numel}, flat.options())});
-  const at::Tensor c = code.to(flat.device());  // the code book lives on CPU; a CUDA moment needs a copy
-  auto b = flat.view({blocks, quant_block});
-  q.absmax = b.abs().amax(1).clamp_min(1e-30f);
-  auto norm = (b / q.absmax.unsqueeze(1)).clamp(-1, 1);
-  auto hi = torch::searchsorted(c, norm).clamp(0, c.numel() - 1);
-  auto lo = (hi - 1).clamp_min(0);
-  auto nearer_lo = (norm - c.index({lo})).abs() <= (c.index({hi}) - norm).abs();
-  q.codes = torch::where(nearer_lo, lo, hi).to(torch::kUInt8);
-  return q;
-}
-
-MPX_DECL at::Tensor dequantize(const Quantized& q, const at::Tensor& code, at::IntArrayRef shape)
-{
-  auto v = code.to(q.codes.device()).index({q.codes.to(torch::kLong)}) * q.absmax.unsqueeze(1);
-  return v.reshape(-1).narrow(0, 0, q.numel).view(shape);
-}
-
-}  // namespace mpx
-
-namespace mpx::detail
-{
-
-MPX_DECL CodeLookup::CodeLookup(const at::Tensor& c)
-    : code(c.data_ptr<float>(), c.data_ptr<float>() + c.numel()), first(65536)
-{
-  for (std::uint32_t k = 0; k < 65536; ++k) {
-    const std::uint32_t bits = (k & 0x8000) ? ((k << 16) | 0xFFFF) : (k << 16);  // most negative / smallest positive
-    float lo;
-    std::memcpy(&lo, &bits, 4);
-    if (std::isnan(lo)) lo = 0;
-    first[k] = std::uint16_t(std::lower_bound(code.begin(), code.end(), lo) - code.begin());
-  }
-}
-
-MPX_DECL int CodeLookup::operator()(float x) const
-{
-  std::uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  int i = first[bits >> 16];
-  const int n = int(code.size());
-  while (i < n && code[std::size_t(i)] < x) ++i;
-  if (i >= n) return n - 1;
-  if (i == 0) return 0;
-  return (x - code[std::size_t(i) - 1]) <= (code[std::size_t(i)] - x) ? i - 1 : i;
-}
-
-MPX_DECL const CodeLookup& signed_lookup()
-{
-  static const CodeLookup l(signed_code());
-  return l;
-}
-
-MPX_DECL const CodeLookup& unsigned_lookup()
-{
-  static const CodeLookup l(unsigned_code());
-  return l;
-}
-
 MPX_DECL void fused_step_8bit(at::Tensor& p, const at::Tensor& g, Quantized& m8, Quantized& v8, bool first, double lr, double b1, double b2,
                             double eps, double wd, double c1, double c2)
 {
@@ -357,8 +253,12 @@ MPX_DECL std::map<std::string, at::Tensor> AdamW8bitOptimizer::param_state(const
   auto it = state_.find(p.unsafeGetTensorImpl());
   if (it == state_.end()) return {};
   const State& s = it->second;
-  if (s.m.defined()) return {{"step", torch::tensor(s.step, torch::kLong)}, {"m", s.m}, {"v", s.v}};
-  return {{"step", torch::tensor(s.step, torch::kLong)}, {"m8", s.m8.codes}, {"m8max", s.m8.absmax}, {"v8", s.v8.codes}, {"v8max", s.v8.absmax}};
+  if (s.m.defined()) return {{Field::step, torch::tensor(s.step, torch::kLong)}, {Field::m, s.m}, {Field::v, s.v}};
+  return {{Field::step, torch::tensor(s.step, torch::kLong)},
+          {Field::m_codes, s.m8.codes},
+          {Field::m_absmax, s.m8.absmax},
+          {Field::v_codes, s.v8.codes},
+          {Field::v_absmax, s.v8.absmax}};
 }
 
 MPX_DECL void AdamW8bitOptimizer::set_param_state(const at::Tensor& p, const std::map<std::string, at::Tensor>& f)
@@ -371,16 +271,16 @@ MPX_DECL void AdamW8bitOptimizer::set_param_state(const at::Tensor& p, const std
     return it->second.to(p.device()).clone();
   };
   State s;
-  s.step = get("step", 1).item<std::int64_t>();
+  s.step = get(Field::step, 1).item<std::int64_t>();
   if (p.numel() < min_8bit_) {
-    s.m = get("m", p.numel()).view(p.sizes()), s.v = get("v", p.numel()).view(p.sizes());
-  } else if (!f.count("m8") && f.count("m")) {  // fp32 moments (re-cut for another split): quantized here
-    s.m8 = quantize(get("m", p.numel()), detail::signed_code()), s.v8 = quantize(get("v", p.numel()), detail::unsigned_code());
+    s.m = get(Field::m, p.numel()).view(p.sizes()), s.v = get(Field::v, p.numel()).view(p.sizes());
+  } else if (!f.count(Field::m_codes) && f.count(Field::m)) {  // fp32 moments (re-cut for another degree): quantized here
+    s.m8 = quantize(get(Field::m, p.numel()), detail::signed_code()), s.v8 = quantize(get(Field::v, p.numel()), detail::unsigned_code());
     s.m8.codes = s.m8.codes.reshape(-1), s.v8.codes = s.v8.codes.reshape(-1);
   } else {
     const std::int64_t blocks = (p.numel() + quant_block - 1) / quant_block;
-    s.m8.codes = get("m8", blocks * quant_block), s.m8.absmax = get("m8max", blocks);
-    s.v8.codes = get("v8", blocks * quant_block), s.v8.absmax = get("v8max", blocks);
+    s.m8.codes = get(Field::m_codes, blocks * quant_block), s.m8.absmax = get(Field::m_absmax, blocks);
+    s.v8.codes = get(Field::v_codes, blocks * quant_block), s.v8.absmax = get(Field::v_absmax, blocks);
     s.m8.numel = s.v8.numel = p.numel();
   }
   state_[p.unsafeGetTensorImpl()] = s;
@@ -448,4 +348,12 @@ MPX_DECL void AdamW8bitOptimizer::load(torch::serialize::InputArchive& archive)
 }
 
 }  // namespace mpx
+namespace mpx::detail
+{
+MPX_DECL at::Tensor dense_moment(const at::Tensor& codes, const at::Tensor& absmax, at::IntArrayRef shape, bool is_signed)
+{
+  const Quantized q{codes.reshape({-1, quant_block}), absmax, c10::multiply_integers(shape)};
+  return dequantize(q, is_signed ? signed_code() : unsigned_code(), shape);
+}
+}  // namespace mpx::detail
 #endif  // MPX_DEFINITIONS

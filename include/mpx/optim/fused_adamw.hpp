@@ -14,8 +14,8 @@
 /// Per element, in fp32, in LibTorch's order: p ← p·(1 − lr·wd); m ← m·β1 + (1 − β1)·g;
 /// v ← v·β2 + (1 − β2)·g·g; p ← p − lr/c1 · m / (√v / √c2 + ε), with c_k = 1 − β_k^step.
 
-#include <mpx/runtime/errors.hpp>  // mpx::config_error
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/errors.hpp>  // mpx::config_error
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::optim::AdamW
 
@@ -81,7 +81,7 @@ class FusedAdamW : public torch::optim::AdamW
   /// Moments the one pass can write in place (a loaded state might be anything).
   static bool fusable_state(const torch::optim::AdamWParamState& s, const at::Tensor& p);
 
-  /// One pass, split across the intra-op threads; returns the sum of the gradient's squares. The writes
+  /// One pass, shared out across the intra-op threads; returns the sum of the gradient's squares. The writes
   /// bypass the tensors' in-place operations, so the versions autograd checks are bumped here as an
   /// in-place operation would.
   static double step_fused(at::Tensor& p, torch::optim::AdamWParamState& s, const detail::AdamWStep& k);
@@ -97,7 +97,7 @@ class FusedAdamW : public torch::optim::AdamW
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx::detail
 {

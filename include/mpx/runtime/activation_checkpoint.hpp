@@ -6,12 +6,12 @@
 /// forward restored, so dropout masks repeat and the gradients equal those of the plain run. The
 /// parameters are explicit inputs of the autograd function, so their gradients flow through the engine:
 /// it works under `backward()` and `autograd::grad()` alike (and so under the B/W split).
-/// The generators saved and restored are the CPU one, tensor parallelism's split-region one (tp/dropout.hpp)
+/// The generators saved and restored are the CPU one, tensor parallelism's sharded-region one (tp/dropout.hpp)
 /// and, for every CUDA device an input lives on, that device's (dropout on a GPU draws from it). `Stage<..., Checkpointed>` wraps the stage's forward in it;
 /// `Stage<..., CheckpointBlocks>` turns on `checkpoint_block`, with which a module marks its blocks.
 
-#include <mpx/tp/dropout.hpp>  // mpx::tp::split_region_generator
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/tp/dropout.hpp>  // mpx::tp::sharded_region_generator
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::autograd::Function, at::detail::getDefaultCPUGenerator, at::globalContext
 
@@ -25,7 +25,7 @@ namespace mpx
 
 namespace detail
 {
-/// The generators a region on `inputs` draws from: CPU's, split regions', and each CUDA device's that an input is on.
+/// The generators a region on `inputs` draws from: CPU's, sharded regions', and each CUDA device's that an input is on.
 MPX_DECL std::vector<at::Generator> generators_of(at::TensorList inputs);
 MPX_DECL std::vector<at::Tensor> get_states(std::vector<at::Generator>& gens);
 MPX_DECL void set_states(std::vector<at::Generator>& gens, const std::vector<at::Tensor>& states);
@@ -117,14 +117,14 @@ MPX_DECL std::vector<at::Tensor> checkpoint(std::function<std::vector<at::Tensor
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx::detail
 {
 
 MPX_DECL std::vector<at::Generator> generators_of(at::TensorList inputs)
 {
-  std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator(), tp::split_region_generator()};
+  std::vector<at::Generator> gens{at::detail::getDefaultCPUGenerator(), tp::sharded_region_generator()};
   std::vector<c10::DeviceIndex> seen;
   for (const auto& t : inputs)
     if (t.defined() && t.is_cuda() && std::find(seen.begin(), seen.end(), t.device().index()) == seen.end()) {

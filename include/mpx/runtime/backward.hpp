@@ -9,7 +9,7 @@
 /// activation-gradient chain again (libtorch-notes §5). A parameter reached from several boundaries (shared
 /// between blocks) or from none takes the whole graph. Every parameter's gradient is computed once.
 
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 #include <torch/csrc/autograd/functions/accumulate_grad.h>  // torch::autograd::AccumulateGrad
 #include <torch/torch.h>                                    // torch::autograd::backward, torch::autograd::grad
 
@@ -59,7 +59,7 @@ MPX_DECL void weight_backward(const std::vector<at::Tensor>& outs, const std::ve
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx::detail
 {

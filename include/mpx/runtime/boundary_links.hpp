@@ -11,15 +11,15 @@
 /// ring per channel and direction (`ShmLinks`, shm_links.hpp): a send is a copy into the ring, a post
 /// records the receive, and `take` reads the channel's messages in the order their receives were posted
 /// (Gloo's matching), copying each out. Otherwise over Gloo values travel packed,
-/// each channel's room (`ChannelSize`, per lane, peer and channel, at both ends) advanced by `next_step` at every
+/// each channel's capacity (`ChannelSize`, per lane, peer and channel, at both ends) advanced by `next_step` at every
 /// step's start; over NCCL as header + payloads, a `Receiver` thread posting payloads as headers land.
 /// Every failure here — a dead or silent peer, a message that breaks the boundary — is a `peer_error`.
 
-#include <mpx/runtime/errors.hpp>     // mpx::peer_error
+#include <mpx/errors.hpp>     // mpx::peer_error
 #include <mpx/runtime/shm_links.hpp>  // mpx::ShmLinks, mpx::ShmRing
 #include <mpx/runtime/wire.hpp>       // mpx::send_tensors, mpx::post_recv, mpx::finish_recv, mpx::Receiver
-#include <mpx/runtime/world.hpp>      // mpx::World
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/runtime/world/world.hpp>      // mpx::World
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <chrono>   // std::chrono::steady_clock
 #include <deque>    // std::deque
@@ -46,7 +46,7 @@ class BoundaryLinks
   /// Over Gloo (CPU messages) values travel packed; over NCCL as header + payloads.
   bool packing() const { return comm_.is_cpu(); }
 
-  /// At a step's start: each channel's room becomes the largest payload of the steps before.
+  /// At a step's start: each channel's capacity becomes the largest payload of the steps before.
   void next_step();
 
   /// Posts the receive of one value from slot `src` on `channel`.
@@ -99,7 +99,7 @@ class BoundaryLinks
   int tp_rank_, tp_size_;
   torch::Device comm_;
   std::chrono::milliseconds timeout_;
-  std::map<std::tuple<int, int, int>, ChannelSize> sent_, received_;  // per (lane, peer slot, channel): the room for packed payloads
+  std::map<std::tuple<int, int, int>, ChannelSize> sent_, received_;  // per (lane, peer slot, channel): the capacity for packed payloads
   ShmLinks shm_;                                                      // same-host channels
   std::map<ShmRing*, std::deque<PendingRecv*>> posted_;               // per ring, receives posted and not yet read into
   std::vector<PendingSend> sends_;
@@ -109,7 +109,7 @@ class BoundaryLinks
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx
 {

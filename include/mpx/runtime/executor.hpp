@@ -7,35 +7,35 @@
 /// channels.hpp, the same functions the proof uses. It knows nothing of optimizers or loss scaling: the
 /// caller gives the loss's gradient seed, hears through `last_backward(s)` that stage s's last backward
 /// of the step that computes parameter gradients (B; W, or I when it does not split) is about to run and
-/// through `stage_done(s)` that it is
-/// done (data parallelism's buckets start in between, as the gradients become final). Under ZB-H1 the
-/// trainer says before each walk whether its I/W passes split (`use_split`: split_decision.hpp); without the
-/// split each I runs the whole backward and each W nothing. A forward-only stage
-/// (`Layout::forward_only`) runs its forwards with autograd off and drops its inputs and outputs once sent:
-/// it keeps nothing between steps' actions. A failure is reported where it
-/// happened: a `peer_error` for what came from the wire, a `stage_error` for the stage's own code, both
-/// naming rank, step, action and, for a peer error, the peer.
+/// through `stage_done(s)` that it is done (data parallelism's buckets start in between, as the gradients
+/// become final). Under ZB-H1 the trainer chooses before each walk whether its I/W passes split
+/// (`choose_split`: split_decision.hpp; the facts behind a split: split_state.hpp); without the split each
+/// I runs the whole backward and each W nothing. A forward-only stage (`Layout::forward_only`) runs its
+/// forwards with autograd off and drops its inputs and outputs once sent: it keeps nothing between steps'
+/// actions. A failure is reported where it happened (action_context.hpp): a `peer_error` for what came from
+/// the wire, a `stage_error` for the stage's own code, both naming rank, step, action and, for a peer
+/// error, the peer.
 
 #include <mpx/action.hpp>                  // mpx::Action, mpx::expand, mpx::op_name
 #include <mpx/channels.hpp>                // mpx::channel_of, mpx::peer_stage, mpx::message_stage
 #include <mpx/pipeline.hpp>                // mpx::PipelineType
+#include <mpx/runtime/action_context.hpp>  // mpx::action_context, mpx::report_failure
 #include <mpx/runtime/activation_checkpoint.hpp>  // mpx::BlockBoundaries
 #include <mpx/runtime/backward.hpp>        // mpx::full_backward, input_backward, weight_backward
 #include <mpx/runtime/boundary_links.hpp>  // mpx::BoundaryLinks
-#include <mpx/runtime/errors.hpp>          // mpx::peer_error, mpx::stage_error
-#include <mpx/runtime/faults.hpp>          // mpx::inject_fault
+#include <mpx/runtime/launch/faults.hpp>          // mpx::inject_fault
+#include <mpx/runtime/split_state.hpp>     // mpx::SplitState
 #include <mpx/runtime/stage_set.hpp>       // mpx::StageSet
 #include <mpx/runtime/trace.hpp>           // mpx::TraceRecorder
-#include <mpx/runtime/world.hpp>           // mpx::World
+#include <mpx/runtime/world/world.hpp>           // mpx::World
 #include <mpx/table_view.hpp>              // mpx::table_view, mpx::actions_of
 
-#include <algorithm>   // std::fill
+#include <algorithm>   // std::fill, std::any_of
 #include <chrono>      // std::chrono::steady_clock
 #include <functional>  // std::function
 #include <iostream>    // std::clog
 #include <memory>      // std::unique_ptr
 #include <string>      // std::string
-#include <string_view> // std::string_view
 #include <vector>      // std::vector
 
 namespace mpx
@@ -63,10 +63,8 @@ class Executor
 
   Executor(World& w, StageSet<P>& stages, InputFn input, LossFn loss)
       : w_(w), stages_(stages), input_(std::move(input)), loss_(std::move(loss)), actions_(actions_of(table_view<P>(), w.slot)),
-        state_(std::size_t(N) * M), links_(w)
-  {
-    for (const auto& a : actions_) split_ = split_ || a.op == Op::W;
-  }
+        state_(std::size_t(N) * M), links_(w), split_(N, std::any_of(actions_.begin(), actions_.end(), [](Action a) { return a.op == Op::W; }))
+  {}
 
   /// Runs step `step`'s actions on `mbs` (on the device). The last stage seeds its backward with
   /// `loss_seed` (the loss scale); `last_backward(s)` runs before stage s's last backward, `stage_done(s)`
@@ -86,7 +84,7 @@ class Executor
     seed_ = loss_seed;
     std::fill(backward_left_.begin(), backward_left_.end(), M);
     std::fill(weights_left_.begin(), weights_left_.end(), M);
-    links_.next_step();  // a step's messages pack into the room its channels had before it
+    links_.next_step();  // a step's messages pack into the capacity its channels had before it
     if (trace) trace->clear();
     const auto t0 = clock::now();
     for (std::size_t k = 0; k < actions_.size(); ++k) {
@@ -103,18 +101,11 @@ class Executor
     return out;
   }
 
-  bool splits_backward() const { return split_; }
+  /// The split's facts (split_state.hpp): whether the schedule splits, the trainer's choice, each stage's marks.
+  const SplitState& split() const { return split_; }
   /// Whether the following walks split their backward into I and W (the trainer's `SplitDecision`);
   /// off: every I runs the whole backward and every W nothing. On by default.
-  void use_split(bool on) { split_on_ = on; }
-  /// Whether stage s can run its I/W passes split (decided at its first split I: a module that marks no
-  /// `mpx::checkpoint_block` boundaries would walk its graph twice, so its I runs a full backward and its
-  /// W nothing); true before that and without a split backward.
-  bool split_used(int s) const { return split_used_[std::size_t(s)] != 0; }
-  /// Whether stage s has run a split I (its module marks blocks).
-  bool split_ran(int s) const { return split_decided_[std::size_t(s)] && split_used(s); }
-  /// Whether stage s splits in the walks now (`use_split` and `split_used`).
-  bool splitting(int s) const { return split_ && split_on_ && split_used(s); }
+  void choose_split(bool on) { split_.choose(on); }
   const std::vector<Action>& actions() const { return actions_; }
 
  private:
@@ -135,13 +126,8 @@ class Executor
   {
     try {
       run(a, k, mbs[a.mb], loss_sum, stage_done);
-    } catch (const config_error&) {
-      throw;
-    } catch (const peer_error& e) {
-      if (std::string_view(e.what()).starts_with("mpx: rank ")) throw;  // located already (a receive names its own action)
-      throw peer_error(context(a, k, true) + ": " + detail::nested(e.what()));
-    } catch (const std::exception& e) {
-      throw stage_error(context(a, k, false) + ": stage " + std::to_string(a.stage) + " failed: " + detail::nested(e.what()));
+    } catch (...) {
+      report_failure(std::current_exception(), context(a, k, true), context(a, k, false), a.stage);
     }
   }
 
@@ -163,11 +149,11 @@ class Executor
         done(s, stage_done);
         break;
       case Op::I:
-        if (split_on_ && decide_split(s, st)) input_backward(st, a);
+        if (split_.chosen() && split_.check_marks(s, !st.bounds.empty(), w_.env.rank, P::schedule::name, std::clog)) input_backward(st, a);
         else whole_backward(st, a);  // the W that follows has nothing left to do
         break;
       case Op::W:
-        if (splitting(s)) {
+        if (split_.splitting(s)) {
           weight_backward(st.outputs, st.grads, st.bounds, st.bound_grads, stages_.trainable(s));
           --weights_left_[std::size_t(s)];
         }
@@ -205,8 +191,8 @@ class Executor
     torch::AutoGradMode enable(trains);
     std::vector<at::Tensor> bounds;  // under a split backward: the blocks' boundaries, for the W pass
     {
-      BlockBoundaries capture(splitting(s) && trains ? &bounds : nullptr);
-      inject_fault(FaultPoint::forward, w_.env.rank, step_);  // MPX_FAULT=exception:<rank>:<step> (tests)
+      BlockBoundaries capture(split_.splitting(s) && trains ? &bounds : nullptr);
+      inject_fault(w_.env, FaultPoint::forward, step_);  // MPX_FAULT=exception:<rank>:<step> (tests)
       st.outputs = stages_.forward(s, st.inputs, b);
     }
     st.bounds = detail::usable_boundaries(bounds, st.outputs);
@@ -257,22 +243,8 @@ class Executor
   /// Whether action a computes its stage's parameter gradients (B; W when split, I when not).
   bool computes_weights(Action a) const
   {
-    return a.op == Op::B || (a.op == Op::W && splitting(a.stage)) ||
-           (a.op == Op::I && (!split_on_ || split_decided_[a.stage]) && !splitting(a.stage));
-  }
-
-  /// At stage s's first I: the split pays only when the module marks its blocks (otherwise W re-walks
-  /// the activation-gradient chain: runtime/backward.hpp); said once.
-  bool decide_split(int s, const MicroState& st)
-  {
-    if (!split_decided_[std::size_t(s)]) {
-      split_decided_[std::size_t(s)] = true;
-      split_used_[std::size_t(s)] = !st.bounds.empty();
-      if (st.bounds.empty())
-        std::clog << "mpx: rank " << w_.env.rank << ", stage " << s << ": its module marks no mpx::checkpoint_block boundaries, so "
-                  << P::schedule::name << "'s weight pass would walk its graph again; its I passes run the whole backward and its W passes nothing\n";
-    }
-    return split_used(s);
+    return a.op == Op::B || (a.op == Op::W && split_.splitting(a.stage)) ||
+           (a.op == Op::I && (!split_.chosen() || split_.checked(a.stage)) && !split_.splitting(a.stage));
   }
 
   template <class StageDone>
@@ -299,14 +271,11 @@ class Executor
   /// The global rank of slot s's member of this rank's lane (the peer it receives from, and first sends to).
   int peer_rank(int s) const { return w_.global_rank(w_.replica, s, w_.tp_rank % w_.degree[std::size_t(s)]); }
 
-  /// "mpx: rank 1 (slot 1, replica 0), step 2, action 7 F3 of stage 1, peer rank 0".
+  /// "mpx: rank 1 (slot 1, replica 0), step 2, action 7 F3 of stage 1, peer rank 0" (action_context.hpp).
   std::string context(Action a, std::size_t k, bool with_peer) const
   {
     const int peer = peer_stage(a.op, a.stage, N);
-    return "mpx: rank " + std::to_string(w_.env.rank) + " (slot " + std::to_string(w_.slot) + ", replica " + std::to_string(w_.replica) +
-           "), step " + std::to_string(step_) + ", action " + std::to_string(k) + " " + op_name(a.op) + std::to_string(a.mb) +
-           " of stage " + std::to_string(a.stage) +
-           (with_peer && peer >= 0 ? ", peer rank " + std::to_string(peer_rank(P::slots[peer])) : std::string());
+    return action_context(w_, step_, k, a, with_peer && peer >= 0 ? peer_rank(P::slots[peer]) : -1);
   }
 
   World& w_;
@@ -316,14 +285,12 @@ class Executor
   std::vector<Action> actions_;
   std::vector<MicroState> state_;
   BoundaryLinks links_;  // after state_: its receiver thread stops before the receives it points at are gone
+  SplitState split_;
   std::vector<int> backward_left_ = std::vector<int>(N, M);
   std::vector<int> weights_left_ = std::vector<int>(N, M);  // this step's actions left that compute parameter gradients
-  std::vector<char> split_decided_ = std::vector<char>(N, 0), split_used_ = std::vector<char>(N, 1);
   clock::duration wait_{};  // the running action's wait for received data
   double seed_ = 1;
   long step_ = 0;
-  bool split_ = false;  // this rank's schedule splits backward into I and W (ZB-H1)
-  bool split_on_ = true;  // the walks split it now (use_split)
 };
 
 }  // namespace mpx

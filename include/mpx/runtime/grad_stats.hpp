@@ -9,12 +9,13 @@
 /// inf/NaN, so that every rank makes the same skip decision — and `clip` scales the gradients so that the
 /// global norm is at most the limit. Gradients are given per stage, as lists of parameters. When every rank
 /// of the world runs on one host the collective is a sum through shared memory (`ShmSum`, from
-/// `ShmLinks::world_sum`), else a Gloo all-reduce.
+/// `make_world_sum`, shm_links.hpp), else a Gloo all-reduce.
 
-#include <mpx/runtime/errors.hpp>  // mpx::peer_error
+#include <mpx/errors.hpp>  // mpx::peer_error
+#include <mpx/tp/gradients.hpp>  // mpx::tp::NormTerm
 #include <mpx/runtime/wire/shm_sum.hpp>  // mpx::ShmSum
-#include <mpx/runtime/world.hpp>   // mpx::World
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/runtime/world/world.hpp>   // mpx::World
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::stack, torch::zeros
 
@@ -33,17 +34,7 @@ using StageParameters = std::vector<std::vector<at::Tensor>>;  ///< per stage th
 /// Divides every gradient by `scale` (the loss scale), in place.
 MPX_DECL void unscale(const StageParameters& stages, double scale);
 
-/// A gradient this rank counts in the global norm: a parameter's whole, or (a tensor-parallel parameter
-/// whose pieces other ranks also hold) rows [start, start + length) of it along `dim`.
-struct NormTerm
-{
-  NormTerm(at::Tensor p) : param(std::move(p)) {}  // NOLINT: a whole parameter converts
-  NormTerm(at::Tensor p, int64_t d, int64_t s, int64_t n) : param(std::move(p)), dim(d), start(s), length(n) {}
-  at::Tensor param;
-  int64_t dim = -1, start = 0, length = 0;  ///< dim -1: the whole gradient
-  at::Tensor grad() const { return dim < 0 ? param.grad() : param.grad().narrow(dim, start, length); }
-};
-using StageNormTerms = std::vector<std::vector<NormTerm>>;  ///< per stage this rank holds, what it counts
+using StageNormTerms = std::vector<std::vector<tp::NormTerm>>;  ///< per stage this rank holds, what it counts (tp/gradients.hpp)
 
 /// Sum of squares of this rank's gradients (fp32 norms, squared and summed in double; one host sync). An
 /// inf/NaN anywhere makes it inf/NaN, so one pass finds both. `summed(param)` may give a whole gradient's
@@ -95,7 +86,7 @@ MPX_DECL void clip(const StageParameters& stages, double norm, double limit);
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx
 {

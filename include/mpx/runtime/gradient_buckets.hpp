@@ -13,9 +13,9 @@
 /// timeout), divides by the replica count and writes the averages back into the gradients. With one
 /// replica all of it does nothing.
 
-#include <mpx/runtime/errors.hpp>  // mpx::config_error
-#include <mpx/runtime/world.hpp>   // mpx::ProcessGroupPtr
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/errors.hpp>  // mpx::config_error
+#include <mpx/runtime/world/world.hpp>   // mpx::ProcessGroupPtr
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/csrc/autograd/function_hook.h>  // torch::autograd::FunctionPostHook
 #include <torch/torch.h>                        // torch::cat, torch::zeros
@@ -111,7 +111,7 @@ class GradientBuckets
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx
 {

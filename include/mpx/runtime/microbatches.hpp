@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// @file runtime/microbatches.hpp
-/// A step's batch as the schedule consumes it: `split_microbatches` cuts a batch (a tensor or a Hana struct
+/// A step's batch as the schedule consumes it: `slice_microbatches` slices a batch (a tensor or a Hana struct
 /// of tensors) into m micro-batches along dim 0 (views, no copy); `to_device` moves micro-batches to the
 /// rank's device (non-blocking), so the loss and the stages that read batch fields see device tensors.
 
-#include <mpx/runtime/boundary_value.hpp>  // mpx::detail::flatten, unflatten
-#include <mpx/runtime/errors.hpp>          // mpx::config_error
+#include <mpx/runtime/wire/boundary_value.hpp>  // mpx::detail::flatten, unflatten
+#include <mpx/errors.hpp>          // mpx::config_error
 
 #include <torch/torch.h>  // torch::Device
 
@@ -16,18 +16,18 @@
 namespace mpx
 {
 
-/// Splits a batch (a tensor or a Hana struct of tensors) into m micro-batches along dim 0.
+/// Slices a batch (a tensor or a Hana struct of tensors) into m micro-batches along dim 0.
 template <class Batch>
-std::vector<Batch> split_microbatches(const Batch& b, int m)
+std::vector<Batch> slice_microbatches(const Batch& b, int m)
 {
   auto fields = detail::flatten(b);
   const auto n = fields.at(0).size(0);
   for (auto& f : fields)
     if (f.size(0) != n)
-      throw config_error("mpx: split_microbatches: the batch's fields have different sizes along dim 0 (" + std::to_string(n) +
+      throw config_error("mpx: slice_microbatches: the batch's fields have different sizes along dim 0 (" + std::to_string(n) +
                          " and " + std::to_string(f.size(0)) + "); give every field the batch size first");
   if (m < 1 || n % m != 0)
-    throw config_error("mpx: split_microbatches: batch size (" + std::to_string(n) + ") is not divisible by the micro-batch count (" +
+    throw config_error("mpx: slice_microbatches: batch size (" + std::to_string(n) + ") is not divisible by the micro-batch count (" +
                        std::to_string(m) + "); choose a batch size that is a multiple of " + std::to_string(m));
   std::vector<Batch> out;
   for (int i = 0; i < m; ++i) {

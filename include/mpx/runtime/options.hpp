@@ -8,6 +8,7 @@
 /// stage trains the same under AdamW and AdamW8bit unless decay is asked for; the learning rate is a
 /// constant 1e-3 (`WarmupCosine{1e-3, 0, 1, 1.0}`).
 
+#include <mpx/runtime/checkpoint/format.hpp>  // mpx::CheckpointOptions
 #include <mpx/runtime/lr.hpp>         // mpx::WarmupCosine
 #include <mpx/runtime/precision.hpp>  // mpx::LossScaling
 
@@ -21,14 +22,6 @@
 
 namespace mpx
 {
-
-/// How checkpoints are written and read (state_io.hpp).
-struct CheckpointOptions
-{
-  int keep = 2;            ///< complete checkpoints kept (the newest; older ones are pruned after a save)
-  bool checksums = true;   ///< xxHash (XXH3-64) of every file in the manifest, verified on load; off: sizes only
-  bool allow_cast = false; ///< load a tensor saved in another dtype, converted (else an error names both dtypes)
-};
 
 /// Whether a schedule with a split backward (ZB-H1) runs it split into I (input gradients) and W (weight
 /// gradients), or runs the whole backward in I and nothing in W (split_decision.hpp).

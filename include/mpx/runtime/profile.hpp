@@ -4,7 +4,7 @@
 /// Measured layer costs, and the balancer's report from them: when a module does not declare its costs
 /// (balance.hpp), a short profiling run times each layer's forward and backward on one micro-batch, and
 /// the report gives the `Layers<b, e>` ranges to paste, each slot's load and the predicted step against
-/// the even split.
+/// the even partition.
 ///
 /// ```
 /// std::vector<mpx::LayerFunction> layers;
@@ -18,9 +18,9 @@
 /// each timing); the median of `rounds` timed rounds after `warmup` untimed ones. The parameters keep the
 /// gradients the profiling accumulated: zero them before training.
 
-#include <mpx/balance.hpp>         // mpx::LayerCost, mpx::balance, mpx::even_cut, mpx::predict
-#include <mpx/runtime/errors.hpp>  // mpx::config_error
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/balance.hpp>         // mpx::LayerCost, mpx::balance, mpx::even_partition, mpx::predict
+#include <mpx/errors.hpp>  // mpx::config_error
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/cuda.h>   // torch::cuda::synchronize
 #include <torch/torch.h>  // at::Tensor, torch::autograd::backward
@@ -67,22 +67,22 @@ namespace detail
 inline std::string milliseconds(std::int64_t ns) { return std::to_string(ns / 1000000) + "." + std::to_string(ns / 100000 % 10) + std::to_string(ns / 10000 % 10) + " ms"; }
 inline std::string percent(double f) { return std::to_string(int(f * 100 + 0.5)) + "%"; }
 
-MPX_DECL void describe_cut(std::ostringstream& os, std::span<const LayerCost> layers, const Cuts& cut, int slots, int frozen_layers, const Proof& p);
+MPX_DECL void describe_partition(std::ostringstream& os, std::span<const LayerCost> layers, const Partition& part, int slots, int frozen_layers, const Proof& p);
 }  // namespace detail
 
 /// The balanced ranges of measured `layers` (nanoseconds, as `measure_layer_costs` gives them) over
 /// `slots` slots under schedule Tag with m micro-batches, each slot's load and the predicted step and
-/// bubble, beside the even split's (`even_cut`): the text to read, and the ranges to paste.
+/// bubble, beside the even partition's (`even_partition`): the text to read, and the ranges to paste.
 template <class Tag = OneFOneB>
 std::string balance_report(std::span<const LayerCost> layers, int slots, int microbatches, int frozen_layers = 0)
 {
   const int L = int(layers.size());
   if (slots < 1 || slots > L || slots > max_balance_slots)
-    throw config_error("mpx::balance_report: " + std::to_string(L) + " layers cannot be cut into " + std::to_string(slots) +
+    throw config_error("mpx::balance_report: " + std::to_string(L) + " layers cannot be partitioned into " + std::to_string(slots) +
                        " non-empty ranges; use between 1 and " + std::to_string(L < max_balance_slots ? L : max_balance_slots) + " slots");
-  const Cuts balanced = balance<Tag>(layers, slots, microbatches, frozen_layers), even = even_cut(L, slots);
-  auto timeline = [&](const Cuts& c) {
-    return predict<Tag>(cut_layout(c, slots, microbatches, frozen_layers), stage_costs(layers, c, slots, frozen_layers));
+  const Partition balanced = balance<Tag>(layers, slots, microbatches, frozen_layers), even = even_partition(L, slots);
+  auto timeline = [&](const Partition& c) {
+    return predict<Tag>(partition_layout(c, slots, microbatches, frozen_layers), stage_costs(layers, c, slots, frozen_layers));
   };
   const Proof pb = timeline(balanced), pe = timeline(even);
   std::ostringstream os;
@@ -91,9 +91,9 @@ std::string balance_report(std::span<const LayerCost> layers, int slots, int mic
     os << (i % 4 == 0 ? "\n " : "") << " layer " << i << " " << detail::milliseconds(layers[std::size_t(i)].forward) << " + "
        << detail::milliseconds(i < frozen_layers ? 0 : layers[std::size_t(i)].backward) << ";";
   os << "\nbalanced over " << slots << " slots (" << Tag::name << ", " << microbatches << " micro-batches):\n";
-  detail::describe_cut(os, layers, balanced, slots, frozen_layers, pb);
-  os << "even split by layer count:\n";
-  detail::describe_cut(os, layers, even, slots, frozen_layers, pe);
+  detail::describe_partition(os, layers, balanced, slots, frozen_layers, pb);
+  os << "even partition by layer count:\n";
+  detail::describe_partition(os, layers, even, slots, frozen_layers, pe);
   os << "the balanced step is " << detail::percent(double(pe.makespan - pb.makespan) / double(pe.makespan > 0 ? pe.makespan : 1))
      << " shorter (predicted)\n";
   return os.str();
@@ -103,7 +103,7 @@ MPX_DECL std::string balance_report(const std::vector<LayerCost>& layers, int sl
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx::detail
 {
@@ -180,11 +180,11 @@ MPX_DECL std::vector<LayerCost> measure_layer_costs(const std::vector<LayerFunct
 namespace mpx::detail
 {
 
-MPX_DECL void describe_cut(std::ostringstream& os, std::span<const LayerCost> layers, const Cuts& cut, int slots, int frozen_layers, const Proof& p)
+MPX_DECL void describe_partition(std::ostringstream& os, std::span<const LayerCost> layers, const Partition& part, int slots, int frozen_layers, const Proof& p)
 {
-  const StageCosts c = stage_costs(layers, cut, slots, frozen_layers);
+  const StageCosts c = stage_costs(layers, part, slots, frozen_layers);
   for (int k = 0; k < slots; ++k)
-    os << "  slot " << k << ": mpx::Layers<" << cut[std::size_t(k)] << ", " << cut[std::size_t(k) + 1] << ">  load "
+    os << "  slot " << k << ": mpx::Layers<" << part[std::size_t(k)] << ", " << part[std::size_t(k) + 1] << ">  load "
        << milliseconds(c.forward[std::size_t(k)] + c.backward[std::size_t(k)]) << " per micro-batch\n";
   os << "  predicted step " << milliseconds(p.makespan) << ", bubble " << percent(p.bubble()) << "\n";
 }

@@ -5,7 +5,7 @@
 /// an epoch-seeded shuffle shared by all replicas, padded (by wrapping) to a multiple of the replica
 /// count, then every replica takes every `replicas`-th index starting at its own.
 
-#include <mpx/runtime/errors.hpp>  // mpx::config_error
+#include <mpx/errors.hpp>  // mpx::config_error
 
 #include <cstdint>    // std::uint64_t
 #include <numeric>    // std::iota

@@ -5,7 +5,7 @@
 /// the whole backward in I and nothing in W. The split fills the pipeline's bubble with deferred weight
 /// gradients, but it costs extra backward calls (one per marked block and pass); on small layers those
 /// cost more than the bubble it fills. Under `SplitBackward::measure` the trainer asks `split_at(k)`
-/// before the walk of its k-th step in this process: step 0 (allocations, the channels' rooms) splits and is
+/// before the walk of its k-th step in this process: step 0 (allocations, the channels' capacities) splits and is
 /// not counted, steps 1 … 2·trials alternate split (odd) and whole (even), and `record` keeps each walk's
 /// seconds. After the last trial `decide` — a collective over the world, so that every rank, every
 /// data-parallel replica among them, makes the same choice at the same step (their buckets' order depends
@@ -15,10 +15,10 @@
 /// backward wins, since it is 1F1B's order, holds fewer deferred tensors and makes fewer calls. Rank 0
 /// says which and why. Both ways compute the same gradients.
 
-#include <mpx/runtime/errors.hpp>   // mpx::peer_error
+#include <mpx/errors.hpp>   // mpx::peer_error
 #include <mpx/runtime/options.hpp>  // mpx::SplitBackward
-#include <mpx/runtime/world.hpp>    // mpx::World
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/runtime/world/world.hpp>    // mpx::World
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::zeros
 
@@ -81,7 +81,7 @@ class SplitDecision
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx
 {

@@ -14,7 +14,7 @@
 #include <mpx/optim/fused_adamw.hpp>     // mpx::FusedAdamW
 #include <mpx/optim/fused_adamw.hpp>     // mpx::FusedAdamW
 #include <mpx/pipeline.hpp>              // mpx::PipelineType
-#include <mpx/runtime/errors.hpp>        // mpx::config_error
+#include <mpx/errors.hpp>        // mpx::config_error
 #include <mpx/runtime/options.hpp>       // mpx::TrainOptions
 #include <mpx/runtime/stage_set.hpp>     // mpx::StageSet
 

@@ -7,19 +7,20 @@
 /// `TrainOptions::autocast`), activation-checkpointed (`Checkpointed`, or `checkpoint_all`), with block
 /// checkpointing on (`CheckpointBlocks`, or `checkpoint_blocks`). Under `TensorParallel<N>` the slot's
 /// tensor-parallel group is the current `tp::Group` while a stage is built and while it runs (recomputes
-/// included), so modules written with mpx::tp blocks split themselves; `norm_parameters` are the ones this
-/// rank counts in the global gradient norm (every shard, a piece several ranks share on the first of them,
-/// and a replicated parameter on tensor-parallel rank 0 only). `visit` is the one place a run-time stage index becomes a compile-time one. It knows
-/// nothing of schedules, messages or optimizers.
+/// included), so modules written with mpx::tp blocks cut themselves; `norm_parameters` are the ones this
+/// rank counts in the global gradient norm (`tp::norm_terms`). `visit` is the one place a run-time stage
+/// index becomes a compile-time one. It knows nothing of schedules, messages or optimizers.
 
 #include <mpx/pipeline.hpp>                       // mpx::PipelineType
 #include <mpx/runtime/activation_checkpoint.hpp>  // mpx::checkpoint, mpx::BlockCheckpointing
-#include <mpx/runtime/boundary_value.hpp>         // mpx::detail::flatten, unflatten, field_names
-#include <mpx/runtime/errors.hpp>                 // mpx::config_error
-#include <mpx/runtime/grad_stats.hpp>             // mpx::NormTerm
+#include <mpx/runtime/wire/boundary_value.hpp>         // mpx::detail::flatten, unflatten, field_names
+#include <mpx/errors.hpp>                 // mpx::config_error
 #include <mpx/runtime/options.hpp>                // mpx::TrainOptions
 #include <mpx/runtime/precision.hpp>              // mpx::AutocastGuard
-#include <mpx/tp/layers.hpp>                      // mpx::tp::Group, Scope, split_parameters, sum_*_gradients
+#include <mpx/tp/cut.hpp>                         // mpx::tp::Cut, cut_parameters, unshard
+#include <mpx/tp/dropout.hpp>                     // mpx::tp::seed_sharded_regions
+#include <mpx/tp/gradients.hpp>                   // mpx::tp::NormTerm, norm_terms, sum_*_gradients
+#include <mpx/tp/group.hpp>                       // mpx::tp::Group, Scope
 
 #include <torch/torch.h>  // torch::nn::Module, torch::Device
 
@@ -38,7 +39,7 @@ namespace mpx
 namespace detail
 {
 /// A module that names its parameters globally: `named_weights()` gives them under names that do not
-/// depend on the stage split (moondream: `text.blocks.7.attn.qkv.weight` on whichever stage holds block 7).
+/// depend on the partition into stages (moondream: `text.blocks.7.attn.qkv.weight` on whichever stage holds block 7).
 template <class M>
 concept declares_global_names = requires(M& m) {
   { m.named_weights() } -> std::convertible_to<std::map<std::string, at::Tensor>>;
@@ -77,12 +78,12 @@ class StageSet
     shared_.assign(N, false);
     inputs_.resize(N);
     tp::Scope scope(tp_);
-    tp::seed_split_regions(at::detail::getDefaultCPUGenerator().current_seed(), tp_->rank);  // per-rank dropout streams
+    tp::seed_sharded_regions(at::detail::getDefaultCPUGenerator().current_seed(), tp_->rank);  // per-rank dropout streams
     for (int s = 0; s < N; ++s) visit(s, [&](auto i) { build<decltype(i)::value>(make); });
   }
 
   /// The parameters of stage `s` this rank counts in the global gradient norm (see the file comment).
-  const std::vector<NormTerm>& norm_parameters(int s) const { return norm_params_.at(std::size_t(s)); }
+  const std::vector<tp::NormTerm>& norm_parameters(int s) const { return norm_params_.at(std::size_t(s)); }
   /// Completes stage s's gradients that each tensor-parallel rank holds only part of: under sequence
   /// parallelism the replicated parameters' (each rank saw 1/N of the sequence), and key/value heads shared
   /// by several ranks (each used them for its own query heads); sums over the group, a no-op otherwise.
@@ -94,17 +95,17 @@ class StageSet
       if (shared_[std::size_t(s)]) tp::sum_shared_gradients(m, tp_);
     });
   }
-  /// Stage s's parameters made whole (split ones gathered over the tensor-parallel group: a collective of
-  /// the slot's ranks), in module order: what the unsplit stage would hold.
+  /// Stage s's parameters made whole (cut ones gathered over the tensor-parallel group: a collective of
+  /// the slot's ranks), in module order: what the stage would hold at degree 1.
   std::vector<at::Tensor> whole_parameters(int s)
   {
     std::vector<at::Tensor> out;
     visit(s, [&](auto i) {
       auto& m = impl(*std::get<decltype(i)::value>(modules_));
-      const auto split = tp::split_parameters(m);
+      const auto cuts = tp::cut_parameters(m);
       for (const auto& p : m.named_parameters()) {
-        auto it = std::find_if(split.begin(), split.end(), [&](auto& sp) { return sp.first == p.key(); });
-        out.push_back(it == split.end() ? p.value().detach().clone() : tp::unshard(p.value(), it->second, *tp_));
+        const tp::Cut* c = tp::cut_of(cuts, p.key());
+        out.push_back(c == nullptr ? p.value().detach().clone() : tp::unshard(p.value(), *c, *tp_));
       }
     });
     return out;
@@ -150,7 +151,7 @@ class StageSet
 
   /// Stage s's parameters and buffers by name, aliasing the module's tensors: its parameters under the
   /// global names of the module's `named_weights()` when it declares one (names that do not depend on how
-  /// the model is split into stages, so checkpoints move between layouts), else their module names; buffers
+  /// the model is partitioned into stages, so checkpoints move between layouts), else their module names; buffers
   /// under `buffer.` + their module names.
   std::map<std::string, at::Tensor> state(int s)
   {
@@ -166,18 +167,17 @@ class StageSet
     return out;
   }
   static constexpr const char* buffer_prefix = "buffer.";
-  /// How stage s's split parameters are cut on this rank (at a tensor-parallel degree above 1), under the
+  /// How stage s's cut parameters are cut on this rank (at a tensor-parallel degree above 1), under the
   /// names `state` gives them: what a checkpoint records so that it loads into another degree.
-  std::map<std::string, tp::Split> splits(int s)
+  std::map<std::string, tp::Cut> cuts(int s)
   {
-    std::map<std::string, tp::Split> out;
+    std::map<std::string, tp::Cut> out;
     visit(s, [&](auto i) {
       auto& m = impl(*std::get<decltype(i)::value>(modules_));
-      std::map<const c10::TensorImpl*, tp::Split> by_tensor;
-      const auto split = tp::split_parameters(m);
+      std::map<const c10::TensorImpl*, tp::Cut> by_tensor;
+      const auto cuts = tp::cut_parameters(m);
       for (const auto& p : m.named_parameters())
-        for (auto& [name, sp] : split)
-          if (name == p.key()) by_tensor[p.value().unsafeGetTensorImpl()] = sp;
+        if (const tp::Cut* c = tp::cut_of(cuts, p.key())) by_tensor[p.value().unsafeGetTensorImpl()] = *c;
       for (auto& [name, t] : state(s))
         if (auto it = by_tensor.find(t.unsafeGetTensorImpl()); it != by_tensor.end()) out[name] = it->second;
     });
@@ -235,23 +235,11 @@ class StageSet
       if (P::template stage<I>::frozen) p.requires_grad_(false);
       params_[I].push_back(p);
     }
-    const auto split = tp::split_parameters(mod);
-    for (const auto& p : mod.named_parameters()) {
-      auto it = std::find_if(split.begin(), split.end(), [&](auto& sp) { return sp.first == p.key(); });
-      if (it == split.end()) {
-        if (tp_->rank == 0) norm_params_[I].push_back(p.value());  // replicated: counted once
-      } else if (!it->second.shared()) {
-        norm_params_[I].push_back(p.value());
-      } else {  // a shared piece counts on the first rank holding it
-        shared_[I] = true;
-        const auto dim = it->second.dim;
-        for (auto [start, length] : tp::counted_ranges(it->second, p.value().size(dim), tp_->rank, tp_->size))
-          norm_params_[I].emplace_back(p.value(), dim, start, length);
-      }
-    }
+    norm_params_[I] = tp::norm_terms(mod, tp_);
+    shared_[I] = tp::has_shared_cut(mod);
     auto sp = [](const torch::nn::Module* m) {
-      const auto* sm = dynamic_cast<const tp::SplitModule*>(m);
-      return sm && sm->sequence_parallel();
+      const auto* cm = dynamic_cast<const tp::CutModule*>(m);
+      return cm && cm->sequence_parallel();
     };
     sequence_parallel_[I] = sp(&mod);
     for (const auto& m : mod.modules(/*include_self=*/false)) sequence_parallel_[I] = sequence_parallel_[I] || sp(m.get());
@@ -304,7 +292,7 @@ class StageSet
   std::vector<std::vector<at::Tensor>> params_;
   std::vector<BoundaryInfo> inputs_;  // each stage's input boundary
   tp::GroupPtr tp_;
-  std::vector<std::vector<NormTerm>> norm_params_;
+  std::vector<std::vector<tp::NormTerm>> norm_params_;
   std::vector<bool> sequence_parallel_;
   std::vector<bool> shared_;  // stages with key/value heads shared by several tensor-parallel ranks
 };

@@ -9,9 +9,9 @@
 
 #include <mpx/action.hpp>           // mpx::Action, mpx::op_name, mpx::is_compute
 #include <mpx/runtime/options.hpp>  // mpx::StepStats
-#include <mpx/runtime/world.hpp>    // mpx::World
+#include <mpx/runtime/world/world.hpp>    // mpx::World
 
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <nlohmann/json_fwd.hpp>  // nlohmann::json
 
@@ -61,7 +61,7 @@ class TraceRecorder
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 #include <nlohmann/json.hpp>  // nlohmann::json
 
 #include <fstream>  // std::ofstream

@@ -3,8 +3,8 @@
 /// @file runtime/wire.hpp
 /// What crosses a stage boundary, and how: a boundary value (a tensor, or a Hana struct of tensors) travels
 /// as one header and its tensors. Over Gloo the tensors usually travel in the header's message (packed,
-/// one message per boundary value); a value larger than the receive's room, and every value over NCCL,
-/// sends its header, then one message per tensor. The rooms, one concept each:
+/// one message per boundary value); a value larger than the receive's capacity, and every value over NCCL,
+/// sends its header, then one message per tensor. The rooms (one header each, one concept each):
 ///
 /// | header | what |
 /// |---|---|
@@ -13,7 +13,7 @@
 /// | `wire/receive.hpp`  | `post_recv`, `finish_recv`, `PendingRecv` |
 /// | `wire/receiver.hpp` | `Receiver`: the thread that posts payload receives as headers land (NCCL) |
 
-#include <mpx/runtime/boundary_value.hpp>  // mpx::detail::flatten, unflatten, field_names
+#include <mpx/runtime/wire/boundary_value.hpp>  // mpx::detail::flatten, unflatten, field_names
 #include <mpx/runtime/wire/format.hpp>     // mpx::Expect, mpx::ChannelSize
 #include <mpx/runtime/wire/receive.hpp>    // mpx::post_recv, mpx::finish_recv, mpx::PendingRecv
 #include <mpx/runtime/wire/receiver.hpp>   // mpx::Receiver

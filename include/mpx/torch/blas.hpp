@@ -6,7 +6,7 @@
 /// alternatives system points `libblas.so.3` at it. `mpx::check_blas()` turns a slow set-up into a
 /// clear message instead of a mysteriously slow run.
 
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 #include <fstream>    // std::ifstream
 #include <stdexcept>  // std::runtime_error
 #include <string>     // std::string
@@ -26,7 +26,7 @@ MPX_DECL void check_blas();
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx
 {

@@ -19,10 +19,10 @@
 /// the most blocks ever live at once, and in all at most twice the largest live total (`HostCache::limit`).
 ///
 /// `make_world` calls it unless `WorldOptions::keep_host_memory` is false or the environment sets
-/// `MPX_KEEP_HOST_MEMORY=0`. `mpx::release_host_memory()` returns the cached blocks to the kernel (after
+/// `MPX_KEEP_HOST_MEMORY=0` (`Env::keep_host_memory`, runtime/launch/env.hpp). `mpx::release_host_memory()` returns the cached blocks to the kernel (after
 /// evaluation, say); `mpx::host_memory_stats()` reports what is live and cached.
 
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 #include <c10/core/Allocator.h>     // c10::Allocator, c10::DataPtr
 #include <c10/core/CPUAllocator.h>  // c10::GetCPUAllocator, c10::SetCPUAllocator
 #include <c10/util/Exception.h>     // TORCH_CHECK
@@ -30,7 +30,6 @@
 #include <bit>            // std::bit_width
 #include <cstddef>        // std::size_t
 #include <cstdint>        // std::uint64_t
-#include <cstdlib>        // std::getenv
 #include <cstring>        // std::memcpy
 #include <mutex>          // std::mutex
 #include <string>         // std::string
@@ -127,11 +126,8 @@ MPX_DECL HostCache*& host_cache();
 
 }  // namespace detail
 
-/// True when `MPX_KEEP_HOST_MEMORY` is unset or not "0".
-MPX_DECL bool keep_host_memory_wanted();
-
 /// Installs the caching allocator for large CPU tensors (see the file comment). Returns whether it is
-/// LibTorch's CPU allocator now: false when `MPX_KEEP_HOST_MEMORY=0`, on a platform without mmap, or when
+/// LibTorch's CPU allocator now: false on a platform without mmap, or when
 /// another allocator was installed with a higher priority. Call it once, early (tensors allocated before
 /// keep their allocator); calling it again is harmless.
 MPX_DECL bool keep_host_memory();
@@ -145,7 +141,7 @@ MPX_DECL HostMemoryStats host_memory_stats();
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx::detail
 {
@@ -254,16 +250,9 @@ MPX_DECL void HostCache::free_block(void* data)
 namespace mpx
 {
 
-MPX_DECL bool keep_host_memory_wanted()
-{
-  const char* v = std::getenv("MPX_KEEP_HOST_MEMORY");
-  return v == nullptr || std::string(v) != "0";
-}
-
 MPX_DECL bool keep_host_memory()
 {
 #if MPX_HOST_CACHE_AVAILABLE
-  if (!keep_host_memory_wanted()) return false;
   static std::once_flag once;
   std::call_once(once, [] {
     detail::host_cache() = new detail::HostCache(c10::GetCPUAllocator());  // never deleted: see HostCache

@@ -1,17 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// @file tp/group.hpp
-/// `mpx::tp::Group`: the tensor-parallel group a split module works in — its c10d group, this rank's place
+/// `mpx::tp::Group`: the tensor-parallel group a cut module works in — its c10d group, this rank's place
 /// in it and the size N, and the run's timeout. `mpx::tp::current()` is the group the blocks (layers.hpp)
 /// being built or run now belong to; the runtime sets it (`tp::Scope`) around a tensor-parallel stage's
 /// construction and forward, and with no scope it is the group of one (N = 1: every block is its plain
-/// LibTorch counterpart, so the same model code runs unsplit in one process). A block keeps the group it
+/// LibTorch counterpart, so the same model code runs whole in one process). A block keeps the group it
 /// was built in. Every collective names the group, the operation and the fix when a peer fails, and is
 /// counted in `traffic()`.
 
-#include <mpx/runtime/errors.hpp>  // mpx::peer_error, mpx::config_error
-#include <mpx/runtime/process_group.hpp>  // mpx::ProcessGroupPtr
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/errors.hpp>  // mpx::peer_error, mpx::config_error
+#include <mpx/torch/process_group.hpp>  // mpx::ProcessGroupPtr
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // at::Tensor
 
@@ -56,7 +56,7 @@ class Scope
   GroupPtr before_;
 };
 
-/// The sizes of `n` split `size` ways: each equal; a size N does not divide is a config_error naming `what`.
+/// The sizes of `n` cut `size` ways: each equal; a size N does not divide is a config_error naming `what`.
 MPX_DECL std::int64_t shard_size(std::int64_t n, int size, const std::string& what);
 
 /// What this process's tensor-parallel collectives carried (payload: an all-reduce's tensor, an
@@ -94,7 +94,7 @@ MPX_DECL std::vector<at::Tensor> all_gather(const Group& g, const at::Tensor& t,
 }  // namespace mpx::tp
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx::tp::detail
 {

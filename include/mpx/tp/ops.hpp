@@ -3,24 +3,24 @@
 /// @file tp/ops.hpp
 /// The autograd operators between tensor-parallel regions (Megatron-LM's conjugate pairs), each a
 /// differentiable function of one tensor over a `tp::Group`:
-/// - `copy_to(x)`: identity forward, all-reduce backward — where a replicated input enters a split region
+/// - `copy_to(x)`: identity forward, all-reduce backward — where a replicated input enters a sharded region
 ///   (each rank's region uses a part; the input's gradient is the sum of the parts').
-/// - `reduce_from(x)`: all-reduce forward, identity backward — where partial sums leave a split region
+/// - `reduce_from(x)`: all-reduce forward, identity backward — where partial sums leave a sharded region
 ///   (a row-parallel output): the result and everything after it are replicated.
-/// - `gather_from(x, dim)`: all-gather along `dim` forward, this rank's slice backward — a split output made
+/// - `gather_from(x, dim)`: all-gather along `dim` forward, this rank's slice backward — a sharded output made
 ///   whole (e.g. logits to print).
-/// - `scatter_to(x, dim)`: this rank's slice forward, all-gather backward — a replicated tensor split.
+/// - `scatter_to(x, dim)`: this rank's slice forward, all-gather backward — a replicated tensor sharded.
 /// - Sequence parallelism (arXiv 2205.05198): `gather_sequence(x, dim)` (all-gather forward, reduce-scatter
-///   backward) before a split region, `reduce_scatter_sequence(x, dim)` (reduce-scatter forward,
+///   backward) before a sharded region, `reduce_scatter_sequence(x, dim)` (reduce-scatter forward,
 ///   all-gather backward) in place of `reduce_from` after it, so that the regions between (LayerNorm,
 ///   residual, dropout) hold 1/N of the sequence; `gathered_linear(x, w, b, dim)` is a gather and a linear
 ///   in one, which keeps only the shard for its backward and gathers it again there.
 /// With a group of one every operator is the identity. `slice_of(x, dim)` is this rank's slice, as a plain
 /// (autograd-ordinary) narrow: under sequence parallelism, of a replicated parameter's output whose
-/// gradient is then summed over the group with the others (layers.hpp, `sum_replicated_gradients`).
+/// gradient is then summed over the group with the others (gradients.hpp, `sum_replicated_gradients`).
 
 #include <mpx/tp/group.hpp>  // mpx::tp::Group, all_reduce, all_gather
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::autograd::Function
 
@@ -109,7 +109,7 @@ MPX_DECL at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, co
 }  // namespace mpx::tp
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx::tp::detail
 {
@@ -128,7 +128,7 @@ MPX_DECL at::Tensor gathered(const Group& g, const at::Tensor& t, int64_t dim, c
 
 MPX_DECL at::Tensor sliced(const Group& g, const at::Tensor& t, int64_t dim)
 {
-  const auto n = shard_size(t.size(dim), g.size, "the split dimension of a tensor-parallel operand");
+  const auto n = shard_size(t.size(dim), g.size, "the sharded dimension of a tensor-parallel operand");
   return t.narrow(dim, g.rank * n, n).contiguous();
 }
 

@@ -7,12 +7,12 @@
 /// extents — then, when packed, each tensor at a 64-byte-aligned offset after the header. Tags: two per
 /// channel (header, payload). `encode_header` writes a header; `read_header` checks one field by field
 /// (magic, stage, micro-batch, kind, field count, dtype codes, ranks, extents, sizes with overflow-checked
-/// arithmetic, the packed size against the receive's room, each field's shape against its declared dims) and every violation is a `peer_error` naming
+/// arithmetic, the packed size against the receive's capacity, each field's shape against its declared dims) and every violation is a `peer_error` naming
 /// the message, the field and the values — never a cast of an unchecked code or a wrapped size.
 
-#include <mpx/runtime/errors.hpp>  // mpx::peer_error, mpx::config_error
+#include <mpx/errors.hpp>  // mpx::peer_error, mpx::config_error
 #include <mpx/torch/tensor.hpp>    // at::Tensor
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <c10/core/ScalarType.h>  // at::ScalarType, c10::elementSize
 
@@ -69,15 +69,15 @@ struct Expect
 };
 
 /// One end's record of a directed channel's message sizes, for packing (Gloo only: NCCL needs a receive of
-/// exactly the message's size). A receive has room for `room` payload bytes after the header, the largest
+/// exactly the message's size). A receive has room for `capacity` payload bytes after the header, the largest
 /// payload of the channel's earlier steps. Both ends know it without talking: a step's receives are all
 /// posted, and its messages all sent, within the step, so `next_step()` at each step's start keeps them equal.
 /// One thread uses it: receive packed messages without a `Receiver` (`finish_recv` parses them).
 struct ChannelSize
 {
-  std::int64_t room = 0;     ///< payload bytes the receives of this step have room for
-  std::int64_t largest = 0;  ///< the largest payload so far: the next step's room
-  void next_step() { room = largest; }
+  std::int64_t capacity = 0;  ///< payload bytes the receives of this step have room for
+  std::int64_t largest = 0;   ///< the largest payload so far: the next step's capacity
+  void next_step() { capacity = largest; }
 };
 
 namespace detail
@@ -105,15 +105,15 @@ struct HeaderLayout
 MPX_DECL std::int64_t encode_header(std::int64_t* hp, int stage, int mb, bool gradient, const std::vector<at::Tensor>& ts,
                                   const std::vector<at::Tensor>& sent);
 
-/// Checks header `hp` against what the receive expects (`room`: payload bytes the receive had room for,
+/// Checks header `hp` against what the receive expects (`capacity`: payload bytes the receive had room for,
 /// negative for an exact header receive) and returns its layout. `what` names the message in errors.
-MPX_DECL HeaderLayout read_header(const std::int64_t* hp, std::int64_t room, const Expect& e, const std::string& what);
+MPX_DECL HeaderLayout read_header(const std::int64_t* hp, std::int64_t capacity, const Expect& e, const std::string& what);
 }  // namespace detail
 
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx::detail
 {
@@ -179,7 +179,7 @@ MPX_DECL std::int64_t encode_header(std::int64_t* hp, int stage, int mb, bool gr
   return bytes;
 }
 
-MPX_DECL HeaderLayout read_header(const std::int64_t* hp, std::int64_t room, const Expect& e, const std::string& what)
+MPX_DECL HeaderLayout read_header(const std::int64_t* hp, std::int64_t capacity, const Expect& e, const std::string& what)
 {
   auto fail = [&](const std::string& msg) -> void { throw peer_error(error_start(what) + ": " + msg); };
   if (hp[0] != header_magic) fail("the message is not an mpx boundary header (peer runs another protocol version?)");
@@ -194,9 +194,9 @@ MPX_DECL HeaderLayout read_header(const std::int64_t* hp, std::int64_t room, con
   HeaderLayout h;
   h.packed = hp[5];
   if (h.packed < -1) fail("the message's packed size " + std::to_string(h.packed) + " is negative");
-  if (h.packed > 0 && h.packed > room)
+  if (h.packed > 0 && h.packed > capacity)
     fail("the message packs " + std::to_string(h.packed) + " payload bytes, the receive had room for " +
-         std::to_string(room > 0 ? room : 0) + " (the two ends disagree on the channel's size)");
+         std::to_string(capacity > 0 ? capacity : 0) + " (the two ends disagree on the channel's size)");
   h.fields.resize(std::size_t(hp[3]));
   for (std::size_t i = 0; i < h.fields.size(); ++i) {
     const std::int64_t* f = hp + header_fixed + i * header_per_field;

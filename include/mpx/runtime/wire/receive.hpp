@@ -8,11 +8,11 @@
 /// both shapes), posts the receives of payloads that follow separately, waits for them and returns the
 /// value. Gloo matches messages by source and tag, first in first out: receives posted ahead never meet
 /// the wrong message, and a receive larger than its message is filled in part (a smaller one would kill
-/// the process, which is why both ends derive the room from the same earlier messages).
+/// the process, which is why both ends derive the capacity from the same earlier messages).
 
 #include <mpx/runtime/wire/format.hpp>  // mpx::Expect, mpx::ChannelSize, mpx::detail::read_header
-#include <mpx/runtime/world.hpp>        // mpx::ProcessGroupPtr
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/torch/process_group.hpp>  // mpx::ProcessGroupPtr
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::empty, torch::from_blob
 
@@ -72,7 +72,7 @@ MPX_DECL std::vector<at::Tensor> finish_recv(ProcessGroupPtr& pg, PendingRecv& r
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx
 {
@@ -81,7 +81,7 @@ MPX_DECL void post_recv(PendingRecv& r, ProcessGroupPtr& pg, int src, int channe
 {
   r.comm = comm;
   r.size = comm.type() == torch::kCPU ? size : nullptr;
-  r.header = r.size != nullptr ? torch::empty({detail::header_bytes + size->room}, torch::kByte)
+  r.header = r.size != nullptr ? torch::empty({detail::header_bytes + size->capacity}, torch::kByte)
                                : torch::zeros({detail::header_size}, torch::TensorOptions().dtype(torch::kLong).device(comm));
   std::vector<at::Tensor> v{r.header};
   r.src = src;
@@ -122,8 +122,8 @@ MPX_DECL void post_payloads(ProcessGroupPtr& pg, PendingRecv& r)
 {
   const at::Tensor host = r.header.cpu();
   const auto* hp = reinterpret_cast<const std::int64_t*>(host.data_ptr());  // int64, or bytes starting with the int64 header
-  const auto room = std::int64_t(r.header.nbytes()) - header_bytes;      // negative for an exact (unpacked) header receive
-  const HeaderLayout h = read_header(hp, room, r.expect, r.what);
+  const auto capacity = std::int64_t(r.header.nbytes()) - header_bytes;  // negative for an exact (unpacked) header receive
+  const HeaderLayout h = read_header(hp, capacity, r.expect, r.what);
   make_buffers(r, h);
   if (r.size) r.size->largest = std::max(r.size->largest, h.payload);
   if (h.packed < 0)

@@ -2,14 +2,14 @@
 #pragma once
 /// @file runtime/wire/send.hpp
 /// The sending end of a boundary message (format.hpp): `send_tensors` posts one value's header and tensors
-/// — packed into the header's message when the receiver's room (ChannelSize) holds them, else as header +
+/// — packed into the header's message when the receiver's capacity (ChannelSize) holds them, else as header +
 /// one message per tensor — and returns a `PendingSend` that keeps the buffers alive until every send
 /// has completed.
 
-#include <mpx/runtime/errors.hpp>       // mpx::config_error
+#include <mpx/errors.hpp>       // mpx::config_error
 #include <mpx/runtime/wire/format.hpp>  // mpx::detail::encode_header, mpx::ChannelSize
-#include <mpx/runtime/world.hpp>        // mpx::ProcessGroupPtr
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/torch/process_group.hpp>  // mpx::ProcessGroupPtr
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::empty, torch::zeros
 
@@ -68,7 +68,7 @@ MPX_DECL at::Tensor pack_message(const OutgoingMessage& m);
 /// whose input the message is (the consumer for activations, the producer for gradients). An undefined
 /// tensor marks a field without a gradient: header only. `wire` (kFloat when none) is the dtype floating
 /// tensors travel in (WireCompression). With `size` (the channel's record at this end; CPU tensors only),
-/// a payload that fits the receiver's room travels packed in the header's message.
+/// a payload that fits the receiver's capacity travels packed in the header's message.
 MPX_DECL PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int stage, int mb, bool gradient,
                                 const std::vector<at::Tensor>& ts, at::ScalarType wire, std::string what,
                                 torch::Device comm = torch::kCPU, ChannelSize* size = nullptr);
@@ -76,7 +76,7 @@ MPX_DECL PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx::detail
 {
@@ -131,7 +131,7 @@ MPX_DECL PendingSend send_tensors(ProcessGroupPtr& pg, int dst, int channel, int
   p.what = std::move(what);
   OutgoingMessage m = make_message(stage, mb, gradient, ts, wire, comm);
   const std::int64_t bytes = m.bytes;
-  const bool packed = size != nullptr && comm.type() == torch::kCPU && bytes <= size->room;
+  const bool packed = size != nullptr && comm.type() == torch::kCPU && bytes <= size->capacity;
   if (size) size->largest = std::max(size->largest, bytes);
   const at::Tensor& h = m.header;
   h.data_ptr<std::int64_t>()[5] = packed ? bytes : -1;

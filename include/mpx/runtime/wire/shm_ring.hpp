@@ -22,9 +22,8 @@
 /// ring holds its whole size in memory from the start, and a /dev/shm without room for it is a
 /// `config_error` at its first message, not a SIGBUS later.
 ///
-/// Waits spin for a while (`MPX_SHM_SPIN_US`; shm_links.hpp sets the default), yielding the CPU to anyone
-/// waiting for it, then sleep on a futex in the mapping,
-/// looking every 20 ms whether the peer's process still exists; a dead peer, or the run's timeout, ends
+/// Waits spin for a while (`Env::shm.spin_us`; shm_links.hpp sets the default), then sleep on a futex in the
+/// mapping (shm_wait.hpp), looking every 20 ms whether the peer's process still exists; a dead peer, or the run's timeout, ends
 /// the wait with a `peer_error` naming the peer. Both ends open the segment by name (`O_CREAT`: whichever
 /// comes first creates it, zero-filled, which is an empty ring) and count themselves in it; the second to
 /// open unlinks the name (both have it mapped), so a run leaves nothing in /dev/shm however it ends — but
@@ -34,30 +33,23 @@
 /// with a stamp naming where its ends' pids lie). Names carry a random token per run (`ShmLinks`), so a
 /// ring left by a killed run is never read by a later one.
 
-#include <mpx/runtime/errors.hpp>  // mpx::peer_error, mpx::config_error
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/errors.hpp>  // mpx::peer_error, mpx::config_error
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 #include <mpx/runtime/wire/shm_segment.hpp>  // mpx::detail::map_shm_segment, process_alive, shm_stamp_bytes
+#include <mpx/runtime/wire/shm_wait.hpp>     // mpx::detail::shm_wait, shm_wake
 
 #include <torch/torch.h>  // torch::empty
 
-#include <linux/futex.h>  // FUTEX_WAIT, FUTEX_WAKE
-#include <sched.h>        // sched_yield
-#include <sys/mman.h>     // munmap, shm_unlink
-#include <sys/syscall.h>  // SYS_futex
-#include <unistd.h>       // getpid
+#include <sys/mman.h>  // munmap, shm_unlink
+#include <unistd.h>    // getpid
 
 #include <algorithm>  // std::min
 #include <atomic>   // std::atomic
 #include <chrono>   // std::chrono
-#include <climits>  // INT_MAX
 #include <cstddef>  // offsetof
 #include <cstdint>  // std::uint64_t
 #include <cstring>  // std::memcpy
 #include <string>   // std::string
-
-#if defined(__SSE2__)
-#include <emmintrin.h>  // _mm_pause
-#endif
 
 namespace mpx
 {
@@ -88,48 +80,6 @@ inline constexpr ShmOwnerSlots ring_owners{2, std::uint32_t(ring_control_offset 
                                            std::uint32_t(offsetof(ShmRingControl, receiver_pid) - offsetof(ShmRingControl, sender_pid))};
 static_assert(offsetof(ShmRingControl, receiver_pid) - offsetof(ShmRingControl, sender_pid) == 64, "mpx: the ends' pids lie a line apart");
 
-MPX_DECL long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t val, const timespec* t);
-
-MPX_DECL void cpu_relax();
-
-/// Waits until `ready()`: spins for `spin`, then sleeps on the futex word `seq` (counted in `sleepers`,
-/// which the publishing side reads to know whether to wake anyone), calling `check()` every 20 ms (it
-/// throws when a peer has gone) and `late()` once `timeout` has passed (it throws).
-template <class Ready, class Check, class Late>
-void shm_wait(Ready&& ready, std::atomic<std::uint32_t>& seq, std::atomic<std::uint32_t>& sleepers, std::chrono::microseconds spin,
-              std::chrono::milliseconds timeout, Check&& check, Late&& late)
-{
-  using clock = std::chrono::steady_clock;
-  if (ready()) return;
-  const auto start = clock::now();
-  while (clock::now() - start < spin) {
-    for (int i = 0; i < 64; ++i) {
-      if (ready()) return;
-      cpu_relax();
-    }
-    ::sched_yield();  // a spin gives way to any other thread waiting for this CPU (more ranks than CPUs)
-  }
-  const timespec slice{0, 20'000'000};
-  for (;;) {
-    const std::uint32_t seen = seq.load(std::memory_order_seq_cst);
-    sleepers.fetch_add(1, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // the count above before ready()'s load (the other side: publish)
-    if (ready()) {
-      sleepers.fetch_sub(1, std::memory_order_seq_cst);
-      return;
-    }
-    futex(&seq, FUTEX_WAIT, seen, &slice);
-    sleepers.fetch_sub(1, std::memory_order_seq_cst);
-    if (ready()) return;
-    check();
-    if (clock::now() - start > timeout) late();
-  }
-}
-
-/// The other side of `shm_wait`, after publishing what a waiter waits for: bumps the futex word `seq` and
-/// wakes whoever sleeps on it (only when `sleepers` says someone does: a wake is a system call).
-MPX_DECL void shm_wake(std::atomic<std::uint32_t>& seq, const std::atomic<std::uint32_t>& sleepers);
-
 }  // namespace detail
 
 class ShmRing
@@ -141,7 +91,7 @@ class ShmRing
   /// A frame word saying that the next frame is at the ring's start (the next lap's first byte).
   static constexpr std::uint64_t wrap = std::uint64_t(1) << 62;
   /// How many frames of a message's size the ring's start must have room for before a sender wraps to it.
-  static constexpr std::uint64_t wrap_room_frames = 16;
+  static constexpr std::uint64_t wrap_frames = 16;
   /// The smallest ring, in bytes.
   static constexpr std::uint64_t min_capacity = 4 * 1024;
 
@@ -185,12 +135,12 @@ class ShmRing
   /// Free bytes a data frame leaves for "over the group" frames: 64 KiB (8192 of them), less in small rings.
   std::uint64_t reserve() const { return std::min<std::uint64_t>(capacity_ / 16, 64 * 1024); }
   /// Where a frame of `need` bytes goes when the sender stands at `w` and the receiver at `r`: the next
-  /// lap's start when the ring is empty and the start leaves room for `wrap_room_frames` such frames (the
+  /// lap's start when the ring is empty and the start leaves room for `wrap_frames` such frames (the
   /// receiver may read them later than the `wrap` word that frees the rest), else `w`.
   std::uint64_t wrap_start(std::uint64_t w, std::uint64_t r, std::uint64_t need) const
   {
     const std::uint64_t off = w & (capacity_ - 1);
-    return r == w && off >= wrap_room_frames * need + reserve() ? w + (capacity_ - off) : w;
+    return r == w && off >= wrap_frames * need + reserve() ? w + (capacity_ - off) : w;
   }
 
   void copy_in(std::uint64_t& at, const void* src, std::uint64_t n);
@@ -227,31 +177,7 @@ class ShmRing
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
-
-namespace mpx::detail
-{
-
-MPX_DECL long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t val, const timespec* t)
-{
-  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, val, t, nullptr, 0);
-}
-
-MPX_DECL void cpu_relax()
-{
-#if defined(__SSE2__)
-  _mm_pause();
-#endif
-}
-
-MPX_DECL void shm_wake(std::atomic<std::uint32_t>& seq, const std::atomic<std::uint32_t>& sleepers)
-{
-  seq.fetch_add(1, std::memory_order_seq_cst);
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // the bump before the count's load (the other side: shm_wait)
-  if (sleepers.load(std::memory_order_seq_cst)) futex(&seq, FUTEX_WAKE, INT_MAX, nullptr);
-}
-
-}  // namespace mpx::detail
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx
 {

@@ -16,8 +16,8 @@
 /// cannot fault) and never throws. The launcher (launch.hpp) calls it once its ranks have ended; the first
 /// local rank of every run calls it at start-up (shm_links.hpp), for runs started without mpxrun.
 
-#include <mpx/runtime/errors.hpp>   // mpx::config_error
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/errors.hpp>   // mpx::config_error
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <signal.h>  // kill
 
@@ -75,7 +75,7 @@ MPX_DECL std::string describe_removed_segments(const std::vector<std::string>& n
 }  // namespace mpx::detail
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 #include <dirent.h>    // opendir, readdir
 #include <fcntl.h>     // open, O_CREAT, O_RDWR, posix_fallocate
 #include <sys/mman.h>  // mmap, shm_open, shm_unlink

@@ -21,10 +21,10 @@
 /// opened it is removed by the launcher or the next run: shm_segment.hpp). The segment: the stamp
 /// (shm_segment.hpp), the header, the slots.
 
-#include <mpx/runtime/errors.hpp>           // mpx::peer_error, mpx::config_error
-#include <mpx/runtime/wire/shm_ring.hpp>    // mpx::detail::shm_wait, shm_wake
+#include <mpx/errors.hpp>           // mpx::peer_error, mpx::config_error
+#include <mpx/runtime/wire/shm_wait.hpp>    // mpx::detail::shm_wait, shm_wake
 #include <mpx/runtime/wire/shm_segment.hpp> // mpx::detail::map_shm_segment, process_alive, shm_stamp_bytes
-#include <mpx/runtime/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <sys/mman.h>  // munmap, shm_unlink
 
@@ -127,7 +127,7 @@ class ShmSum
 }  // namespace mpx
 
 #if MPX_DEFINITIONS
-// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: runtime/linkage.hpp) ----
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 
 namespace mpx
 {
