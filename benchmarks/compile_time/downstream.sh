@@ -33,7 +33,9 @@ timed() {  # wall time of one compile of: <source> [flags...]
   printf '%.2f' "$(echo "$e - $s" | bc -l)"
 }
 # the best of $runs rounds, the contenders alternating within each round, so the machine's noise hits all alike
-declare -A t
+declare -A t this
+rounds=()
+ratio() { printf '%.2f' "$(echo "$1 / $2" | bc -l)"; }
 keys="torch_only plain downstream compiled torch_only_pch plain_pch downstream_torch_pch compiled_torch_pch downstream_mpx_pch compiled_mpx_pch"
 for key in $keys; do t[$key]=999; done
 for ((r = 0; r < runs; r++)); do
@@ -51,12 +53,15 @@ for ((r = 0; r < runs; r++)); do
       compiled_mpx_pch) v=$(timed "$downstream" $sep -include "$work/sep/mpx_pch.hpp") ;;
     esac
     if (( $(echo "$v < ${t[$key]}" | bc -l) )); then t[$key]=$v; fi
+    this[$key]=$v
     echo "round $r $key $v s"
   done
+  # the round's own ratios against the plain-LibTorch loop: the contenders ran back to back, so the
+  # machine's drift between rounds cancels in them
+  rounds+=("| $r | ${this[torch_only]} | ${this[plain]} | ${this[compiled]} | ${this[downstream]} | $(ratio "${this[compiled]}" "${this[plain]}") | $(ratio "${this[downstream]}" "${this[plain]}") | ${this[plain_pch]} | ${this[compiled_torch_pch]} | $(ratio "${this[compiled_torch_pch]}" "${this[plain_pch]}") |")
 done
 "$CXX" "${flags[@]}" -ftime-report -c "$downstream" -o "$work/out.o" 2> "$work/report.txt" || true
 "$CXX" "${flags[@]}" $sep -ftime-report -c "$downstream" -o "$work/out.o" 2> "$work/report_compiled.txt" || true
-ratio() { printf '%.2f' "$(echo "$1 / $2" | bc -l)"; }
 out=benchmarks/results/compile_downstream_$(hostname -s)_$(date +%Y%m%d).md
 source benchmarks/results_file.sh && keep_earlier "$out"
 {
@@ -79,6 +84,13 @@ source benchmarks/results_file.sh && keep_earlier "$out"
   echo "| downstream, mpx::compiled | <torch/torch.h> | ${t[compiled_torch_pch]} | $(ratio "${t[compiled_torch_pch]}" "${t[torch_only_pch]}") |"
   echo "| downstream, header-only | mpx's: <torch/torch.h> + <mpx/mpx.hpp> | ${t[downstream_mpx_pch]} | $(ratio "${t[downstream_mpx_pch]}" "${t[torch_only_pch]}") |"
   echo "| downstream, mpx::compiled | mpx's: <torch/torch.h> + <mpx/mpx.hpp> | ${t[compiled_mpx_pch]} | $(ratio "${t[compiled_mpx_pch]}" "${t[torch_only_pch]}") |"
+  echo
+  echo "Every round (s), the contenders back to back, and the round's ratios to the plain-LibTorch loop (no precompiled"
+  echo "header, and both with <torch/torch.h> precompiled):"
+  echo
+  echo "| round | torch only | plain loop | mpx::compiled | header-only | compiled / plain | header-only / plain | plain, torch PCH | compiled, torch PCH | ratio, torch PCH |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+  printf '%s\n' "${rounds[@]}"
   echo
   for mode in "header-only|report" "on mpx::compiled|report_compiled"; do
     echo "Downstream ${mode%%|*}, no precompiled header, \`-ftime-report\` (its phases):"
