@@ -6,13 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace
-{
-namespace fs = std::filesystem;
-using Catch::Contains;
-using checkpoint_test::Saved;
-using checkpoint_test::flip_byte;
-}  // namespace
+using namespace checkpoint_test;  // Saved, flip_byte, fs, Contains
 
 TEST_CASE("A rank's stages as a checkpoint sees them: tensors by name, shard, optimizer", "[rooms][training_state]")
 {

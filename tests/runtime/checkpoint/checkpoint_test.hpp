@@ -11,6 +11,7 @@
 namespace checkpoint_test
 {
 namespace fs = std::filesystem;
+using Catch::Contains;
 
 /// A stage, its optimizer after one step (so it has state).
 struct Saved

@@ -4,13 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace
-{
-namespace fs = std::filesystem;
-using Catch::Contains;
-using checkpoint_test::Saved;
-using checkpoint_test::flip_byte;
-}  // namespace
+using namespace checkpoint_test;  // Saved, flip_byte, fs, Contains
 
 TEST_CASE("Any checkpoint exports its whole weights as one file", "[rooms][export]")
 {

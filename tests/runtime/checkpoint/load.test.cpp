@@ -5,13 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace
-{
-namespace fs = std::filesystem;
-using Catch::Contains;
-using checkpoint_test::Saved;
-using checkpoint_test::flip_byte;
-}  // namespace
+using namespace checkpoint_test;  // Saved, flip_byte, fs, Contains
 
 TEST_CASE("A model of another shape or dtype is refused with the differences listed", "[rooms][load]")
 {

@@ -5,13 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace
-{
-namespace fs = std::filesystem;
-using Catch::Contains;
-using checkpoint_test::Saved;
-using checkpoint_test::flip_byte;
-}  // namespace
+using namespace checkpoint_test;  // Saved, flip_byte, fs, Contains
 
 TEST_CASE("Every kind of damage names the file and the earlier checkpoint, which still loads", "[rooms][manifest]")
 {

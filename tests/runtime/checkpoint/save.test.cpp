@@ -6,13 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace
-{
-namespace fs = std::filesystem;
-using Catch::Contains;
-using checkpoint_test::Saved;
-using checkpoint_test::flip_byte;
-}  // namespace
+using namespace checkpoint_test;  // Saved, flip_byte, fs, Contains
 
 TEST_CASE("A checkpoint loads back (parameters, optimizer, step, scaler, random generator), latest names it, old ones are pruned", "[rooms][save]")
 {
