@@ -3,9 +3,10 @@
 # The GPU benchmark, one short run on a lent GPU machine (after scripts/gpu_deps.sh here; beside
 # scripts/gpu_check.sh in one prepared script):
 #   1. moondream text fine-tuning throughput on cuda:0 (benchmarks/gpu/text_throughput.cpp): the md2 text
-#      decoder, bf16 autocast, AdamW, image-prefixed sequences, batch 4, 8 and 16: tokens/s and model FLOPs
-#      utilisation against the GPU's dense bf16 peak (from its name: H100/H200 989 TFLOPS, A100 312; else
-#      PEAK_TFLOPS=...);
+#      decoder, bf16 autocast, image-prefixed sequences, batch 8 and 16, as a plain LibTorch loop (AdamW) and
+#      as a one-stage mpx pipeline (AdamW) in 2 alternating rounds (their ratio), then mpx with block
+#      checkpointing, with 8-bit AdamW, and both: tokens/s and model FLOPs utilisation against the GPU's
+#      dense bf16 peak (from its name: H100/H200 989 TFLOPS, A100 312; else PEAK_TFLOPS=...);
 #   2. the small-work benchmark (benchmarks/smallwork) on the host's cores: mpx against one process, the
 #      hand-written c10d program and a Python loop, two CPU ranks, one thread each.
 # Builds with plain g++ against the Python torch (scripts/gpu_env.sh). Writes <out>/gpu_bench.md and the raw
@@ -27,7 +28,7 @@ if [ $dry = 1 ]; then
   for b in "$text" "$build/benchmarks/smallwork/smallwork_bench" "$build/tools/mpxrun"; do
     [ -x "$b" ] || { echo "gpu_bench --dry-run: $b is not built; build the CMake project first (scripts/test.sh does)"; exit 2; }
   done
-  configs=("tiny 2"); device=cpu; peak=0; sw_build=$build; sw=(1 3); ms="2"; python=${PYTHON:-/usr/bin/python3}
+  configs=("tiny 2"); rounds=1; device=cpu; peak=0; sw_build=$build; sw=(1 3); ms="2"; python=${PYTHON:-/usr/bin/python3}
 else
   OUT=${1:-build-gpu/bench}
   B=build-gpu LOGS=$OUT/logs
@@ -50,24 +51,36 @@ else
   link "$text" "$text.o" && link "$B/bench/benchmarks/smallwork/smallwork_bench" "$B/bench/smallwork_bench.o" &&
     link "$B/bench/tools/mpxrun" "$B/bench/mpxrun.o" || { echo "gpu_bench: build failed (logs in $LOGS)"; exit 1; }
   echo "== built in $(( $(date +%s) - t0 )) s"
-  configs=("md2 4" "md2 8" "md2 16"); device=cuda; sw_build=$B/bench; sw=(3 20); ms="2 4 8 16"; python=${PYTHON:-python3}
+  configs=("md2 8" "md2 16"); rounds=2; device=cuda; sw_build=$B/bench; sw=(3 20); ms="2 4 8 16"; python=${PYTHON:-python3}
 fi
 mkdir -p "$OUT"
 status=0
 
 # ---- 1. text fine-tuning throughput
 : > "$OUT/text_throughput.jsonl"
-for c in "${configs[@]}"; do
-  read -r config batch <<< "$c"
-  steps=20 warm=3
+# plain LibTorch and the one-stage mpx pipeline in alternating rounds (their ratio), then mpx's variants once
+text_run() {  # text_run <config> <batch> <tag> [flags...]: one run, its JSON line appended
+  local config=$1 batch=$2 tag=$3; shift 3
+  local steps=20 warm=3
   [ $dry = 1 ] && steps=2 warm=1
   if timeout 600 "$text" --config "$config" --device "$device" --precision bf16 --batch "$batch" --answer-tokens 128 \
-       --steps $steps --warmup $warm --peak-tflops "$peak" >> "$OUT/text_throughput.jsonl" 2> "$OUT/text_${config}_${batch}.err"; then
+       --steps $steps --warmup $warm --peak-tflops "$peak" "$@" >> "$OUT/text_throughput.jsonl" 2> "$OUT/text_${config}_${batch}_$tag.err"; then
     tail -1 "$OUT/text_throughput.jsonl"
   else
-    echo "text_throughput $config batch $batch failed:"; tail -5 "$OUT/text_${config}_${batch}.err"; status=1
+    echo "text_throughput $config batch $batch $tag failed:"; tail -5 "$OUT/text_${config}_${batch}_$tag.err"; status=1
   fi
+}
+for c in "${configs[@]}"; do
+  read -r config batch <<< "$c"
+  for round in $(seq "$rounds"); do
+    text_run "$config" "$batch" plain --loop plain
+    text_run "$config" "$batch" mpx --loop mpx
+  done
 done
+read -r config batch <<< "${configs[0]}"
+text_run "$config" "$batch" mpx-ckpt --loop mpx --checkpoint-blocks
+text_run "$config" "$batch" mpx-8bit --loop mpx --optimizer adamw8bit
+text_run "$config" "$batch" mpx-8bit-ckpt --loop mpx --optimizer adamw8bit --checkpoint-blocks
 
 # ---- 2. small work on the host's cores
 if RESULTS_DIR=$OUT MS="$ms" PYTHON=$python bash benchmarks/smallwork/run.sh "$sw_build" "${sw[@]}" > "$OUT/smallwork.log" 2>&1; then
@@ -83,14 +96,25 @@ fi
   echo "- machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); GPU: ${gpu:-none}; peak used: $peak TFLOPS"
   [ -f "${LOGS:-/nonexistent}/versions.txt" ] && sed 's/^/- /' "$LOGS/versions.txt"
   echo
-  echo "| config | batch | positions | params | step (s) | tokens/s | model TFLOPS | MFU |"
-  echo "|---|---|---|---|---|---|---|---|"
+  echo "| loop | optimizer | checkpoint blocks | config | batch | positions | params | step (s) | tokens/s | model TFLOPS | MFU |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
   python3 - "$OUT/text_throughput.jsonl" <<'EOF'
-import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+for r in rows:
     mfu = "n/a" if r["mfu"] is None else f'{100 * r["mfu"]:.1f} %'
-    print(f'| {r["config"]} | {r["batch"]} | {r["positions"]} | {r["params"] / 1e6:.1f} M | {r["step_s"]:.4f} | {r["tokens_per_s"]:.0f} | {r["model_tflops"]:.2f} | {mfu} |')
+    print(f'| {r["loop"]} | {r["optimizer"]} | {"yes" if r["checkpoint_blocks"] else "no"} | {r["config"]} | {r["batch"]} | {r["positions"]} | '
+          f'{r["params"] / 1e6:.1f} M | {r["step_s"]:.4f} | {r["tokens_per_s"]:.0f} | {r["model_tflops"]:.2f} | {mfu} |')
+print()
+print("mpx (AdamW, no checkpointing) against the plain LibTorch loop, tokens/s, per alternating round:")
+print()
+for key in sorted({(r["config"], r["batch"]) for r in rows}):
+    plain = [r["tokens_per_s"] for r in rows if (r["config"], r["batch"]) == key and r["loop"] == "plain"]
+    mine = [r["tokens_per_s"] for r in rows if (r["config"], r["batch"]) == key and r["loop"] == "mpx" and r["optimizer"] == "adamw"
+            and not r["checkpoint_blocks"]]
+    ratios = [m / p for p, m in zip(plain, mine)]
+    if ratios:
+        print(f'- {key[0]} batch {key[1]}: ' + ", ".join(f"{x:.3f}" for x in ratios) + f' (median {statistics.median(ratios):.3f}x)')
 EOF
   echo
   echo "Raw: \`text_throughput.jsonl\`; small work: \`$(cd "$OUT" && ls smallwork_*.md 2>/dev/null | head -1)\`."

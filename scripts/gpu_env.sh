@@ -11,8 +11,10 @@ else
   TORCH=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))') || { echo "no Python torch here"; exit 2; }
   SITE=$(dirname "$TORCH")
   ABI=$(python3 -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(),
-    torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' | tee "$LOGS/versions.txt"
+  python3 -c 'import torch; ok = torch.cuda.is_available(); print("torch", torch.__version__, "cuda", torch.version.cuda, "available", ok,
+    torch.cuda.get_device_name(0) if ok else "", "nccl", (lambda v: ".".join(map(str, v)) if isinstance(v, tuple) else str(v))(torch.cuda.nccl.version()) if ok else "none")' | tee "$LOGS/versions.txt"
+  command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/GPU, driver, memory: /' |
+    tee -a "$LOGS/versions.txt"
 fi
 g++ --version | head -1 | tee -a "$LOGS/versions.txt"
 

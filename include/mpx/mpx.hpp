@@ -10,6 +10,7 @@
 #include <mpx/runtime.hpp>       // mpx::make_world, mpx::Trainer, mpx::launch
 #include <mpx/torch/blas.hpp>    // mpx::check_blas
 #include <mpx/torch/host_memory.hpp>  // mpx::keep_host_memory
+#include <mpx/torch/nccl_rules.hpp>   // mpx::NcclRulesGroup
 #include <mpx/torch/shaped.hpp>  // mpx::Shaped, mpx::Ranked
 #include <mpx/torch/tensor.hpp>  // at::Tensor as mpx::TensorLike
 #include <mpx/tp.hpp>            // mpx::tp: tensor-parallel blocks

@@ -26,6 +26,7 @@
 #include <mpx/balance.hpp>     // mpx::predict, mpx::StageCosts
 #include <mpx/batch.hpp>       // mpx::Batch
 #include <mpx/boundary.hpp>    // mpx::Boundary
+#include <mpx/nccl_order.hpp>  // mpx::prove_nccl_order, mpx::OrderProof
 #include <mpx/proof.hpp>       // mpx::prove, mpx::Proof
 #include <mpx/runs.hpp>        // mpx::RunSchedule
 #include <mpx/schedule.hpp>    // mpx::Schedule, mpx::Microbatches, mpx::OneFOneB
@@ -140,6 +141,18 @@ struct schedule_proof_failed
                 "mpx::Pipeline: the schedule table gives a backward (B, I or W) to a forward-only stage: a Frozen stage "
                 "with no trainable stage before it runs forwards only and gets no gradient; remove those actions from "
                 "the table (see mpx::detail::schedule_proof_failed above)");
+  static constexpr bool ok = true;
+};
+
+/// Raised with the two operations that hold each other when a table deadlocks under NCCL's ordering: the
+/// blocked rank's operation at the head of its stream, and the peer's head there.
+template <bool Ok, int Rank, Op Head, int HeadStage, int HeadMicrobatch, int Peer, Op PeerHead, int PeerStage, int PeerMicrobatch>
+struct nccl_order_failed
+{
+  static_assert(Ok, "mpx::Pipeline: the schedule table deadlocks under NCCL's ordering (a receive at the head of a group's "
+                    "queue holds what follows it): rank Rank's Head of stage HeadStage, micro-batch HeadMicrobatch, waits "
+                    "behind rank Peer's PeerHead of stage PeerStage, micro-batch PeerMicrobatch (the template arguments of "
+                    "mpx::detail::nccl_order_failed above); post that receive later");
   static constexpr bool ok = true;
 };
 }  // namespace detail
@@ -408,6 +421,15 @@ struct Pipeline
   static_assert(detail::schedule_proof_failed<compile_time_proof.verdict, compile_time_proof.rank, compile_time_proof.step,
                                               compile_time_proof.action.op, compile_time_proof.action.stage,
                                               int(compile_time_proof.action.mb)>::ok);
+  /// The table under NCCL's ordering with a group per channel, the transport messages take on NCCL
+  /// (nccl_order.hpp): implied by the proof above; run outright for tables of up to 512 steps.
+  static constexpr OrderProof nccl_order_proof = [] {
+    if constexpr (!proved_at_compile_time || num_steps > 512 || !compile_time_proof.ok()) return OrderProof{};
+    else return prove_nccl_order(schedule::table(layout), Streams::per_channel);
+  }();
+  static_assert(detail::nccl_order_failed<nccl_order_proof.ok(), nccl_order_proof.rank, nccl_order_proof.head.op, nccl_order_proof.head.stage,
+                                          int(nccl_order_proof.head.mb), nccl_order_proof.peer, nccl_order_proof.peer_head.op,
+                                          nccl_order_proof.peer_head.stage, int(nccl_order_proof.peer_head.mb)>::ok);
 
   /// Builds the table (constant evaluation or run time alike).
   static constexpr Table make_table() { return schedule::table(layout); }

@@ -11,8 +11,9 @@ function(run)
   set(last_output "${out}" PARENT_SCOPE)
 endfunction()
 set(consumer ${MPX_SOURCE}/tests/install/consumer)
+set(same_build -DCMAKE_BUILD_TYPE=${BUILD_TYPE} -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER})
 if(MODE STREQUAL "find_package")
-  run(${CMAKE_COMMAND} -S ${MPX_SOURCE} -B ${WORK}/mpx-build -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX}
+  run(${CMAKE_COMMAND} -S ${MPX_SOURCE} -B ${WORK}/mpx-build -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX} ${same_build}
       -DMPX_BUILD_TESTS=OFF -DMPX_BUILD_EXAMPLES=OFF -DMPX_BUILD_BENCHMARKS=OFF -DCMAKE_INSTALL_PREFIX=${WORK}/prefix)
   run(${CMAKE_COMMAND} --build ${WORK}/mpx-build)  # mpxrun
   run(${CMAKE_COMMAND} --install ${WORK}/mpx-build)
@@ -22,14 +23,14 @@ if(MODE STREQUAL "find_package")
   if(NOT EXISTS ${WORK}/prefix/include/mpx/pipeline.hpp)
     message(FATAL_ERROR "headers were not installed")
   endif()
-  run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK}/consumer-build -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX}
+  run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK}/consumer-build -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX} ${same_build}
       -DCMAKE_PREFIX_PATH=${WORK}/prefix -DMPX_EXPECT_TORCH=ON)
 else()
   set(torch_first OFF)
   if(MODE STREQUAL "torch_then_subdirectory")
     set(torch_first ON)
   endif()
-  run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK}/consumer-build -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX}
+  run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK}/consumer-build -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX} ${same_build}
       -DMPX_VIA_SUBDIRECTORY=ON -DMPX_SOURCE=${MPX_SOURCE} -DMPX_EXPECT_TORCH=ON -DMPX_FIND_TORCH_FIRST=${torch_first})
 endif()
 run(${CMAKE_COMMAND} --build ${WORK}/consumer-build)

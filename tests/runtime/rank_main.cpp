@@ -212,7 +212,8 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
 
 /// The wire protocol alone (wire.hpp), rank 0 sending to rank 1 on one channel: a sequence of messages
 /// whose layout repeats, changes shape, changes wire dtype, drops a field, carries an empty tensor and
-/// comes back. Sent twice: as header + payloads, received two ahead through a Receiver; then packed
+/// comes back. Sent twice: as header + payloads, all added ahead to a Receiver (its thread posts header,
+/// payloads, next header, as on NCCL); then packed
 /// (ChannelSize at both ends, the messages grouped into steps, each step's receives posted at its start),
 /// where a payload that fits the capacity of earlier steps must travel in the header's message and a larger
 /// one separately. Rank 1 checks every value and which messages were packed, and prints "wire ok".
@@ -278,9 +279,13 @@ int wire()
     std::vector<std::unique_ptr<mpx::PendingRecv>> recvs(msgs.size());
     auto post = [&](std::size_t k) {
       recvs[k] = std::make_unique<mpx::PendingRecv>();
-      mpx::post_recv(*recvs[k], world.pp, 0, tag_channel[packing], mpx::Expect{1, int(k), false, {"a", "b"}, "Pair"},
-                     "message " + std::to_string(k), torch::kCPU, sz);
-      if (receiver) receiver->add(recvs[k].get());
+      const mpx::Expect e{1, int(k), false, {"a", "b"}, "Pair"};
+      if (receiver) {  // the receiver posts each header once the payloads before it are posted
+        mpx::prepare_recv(*recvs[k], 0, tag_channel[packing], e, "message " + std::to_string(k));
+        receiver->add(recvs[k].get());
+      } else {
+        mpx::post_recv(*recvs[k], world.pp, 0, tag_channel[packing], e, "message " + std::to_string(k), torch::kCPU, sz);
+      }
     };
     if (!packing)
       for (std::size_t k = 0; k < msgs.size(); ++k) post(k);  // all ahead

@@ -10,7 +10,7 @@
 
 namespace
 {
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+using rooms::bytes;
 
 /// Rank 0 of a two-slot world on a store of its own, rank 1 not there: its keys are written by the test.
 mpx::World two_rank_world(int local_world_size)

@@ -5,9 +5,9 @@
 
 namespace
 {
-using P2 = mpx::Pipeline<mpx::Stage<tiny::Model, mpx::CPU<0>, mpx::Layers<0, 3>>,
-                         mpx::Stage<tiny::Model, mpx::CPU<1>, mpx::Layers<3, 6>, mpx::Frozen, mpx::WireCompression<mpx::BF16>>,
-                         mpx::Microbatches<2>, mpx::Batch<tiny::Batch>>;
+using P2FrozenBf16 = mpx::Pipeline<mpx::Stage<tiny::Model, mpx::CPU<0>, mpx::Layers<0, 3>>,
+                                   mpx::Stage<tiny::Model, mpx::CPU<1>, mpx::Layers<3, 6>, mpx::Frozen, mpx::WireCompression<mpx::BF16>>,
+                                   mpx::Microbatches<2>, mpx::Batch<tiny::Batch>>;
 }
 
 TEST_CASE("A slot builds only its own stages, visit dispatches a run-time index once", "[rooms][stage_set]")
@@ -17,7 +17,7 @@ TEST_CASE("A slot builds only its own stages, visit dispatches a run-time index 
     ++built;
     return tiny::Model(rooms::config, stage.value == 0 ? 0 : 3, stage.value == 0 ? 3 : 6);
   };
-  mpx::StageSet<P2> slot1(1, torch::kCPU, make, {});
+  mpx::StageSet<P2FrozenBf16> slot1(1, torch::kCPU, make, {});
   CHECK(built == 1);
   CHECK(!slot1.holds(0));
   CHECK(slot1.holds(1));
@@ -25,11 +25,11 @@ TEST_CASE("A slot builds only its own stages, visit dispatches a run-time index 
   CHECK(!slot1.parameters(1).empty());
   CHECK(slot1.trainable(1).empty());  // Frozen
   CHECK_THROWS_WITH(slot1.module<0>(), Catch::Contains("stage 0 lives on slot 0") && Catch::Contains("holds(0)"));
-  CHECK(mpx::StageSet<P2>::wire_dtype(1) == at::kBFloat16);
-  CHECK(mpx::StageSet<P2>::wire_dtype(0) == at::kFloat);
+  CHECK(mpx::StageSet<P2FrozenBf16>::wire_dtype(1) == at::kBFloat16);
+  CHECK(mpx::StageSet<P2FrozenBf16>::wire_dtype(0) == at::kFloat);
   CHECK(slot1.input_boundary(1).names == std::vector<std::string>{"tensor"});
   int seen = -1, calls = 0;
-  mpx::StageSet<P2>::visit(1, [&](auto i) { seen = decltype(i)::value, ++calls; });
+  mpx::StageSet<P2FrozenBf16>::visit(1, [&](auto i) { seen = decltype(i)::value, ++calls; });
   CHECK(seen == 1);
   CHECK(calls == 1);
 }

@@ -2,13 +2,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """Checks the shape of mpx's header tree (docs/00_quickstart.md, "The tree"). Usage:
 
-    check_tree.py <repository root> layers|tests|lines|environment
+    check_tree.py <repository root> layers|tests|lines|environment|torch
 
 layers       no header includes a header of a higher layer (the order below)
 tests        every header has a same-named test (tests/<path>.test.cpp), or tests/README.md says why not;
              no test case's name has a ';' (CTest would split it in two)
 lines        no header of the runtime is over 300 lines
 environment  only the environment room (runtime/launch/env.hpp) reads the process environment
+torch        a header that names torch::, at::, c10:: or c10d:: includes LibTorch, itself or through the mpx
+             headers it includes (the header checks compile such headers after a precompiled <torch/torch.h>,
+             which would hide the missing include)
 
 Each failure is printed as `path: what is wrong; the fix`, and the check exits 1.
 """
@@ -127,7 +130,35 @@ def check_environment(root):
     return errors
 
 
-CHECKS = {"layers": check_layers, "tests": check_tests, "lines": check_lines, "environment": check_environment}
+def strip_comments(text):
+    """The code of a header: comments and string literals removed (line breaks kept)."""
+    return re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+
+
+def check_torch(root):
+    errors = []
+    mpx_include = re.compile(r'^\s*#\s*include\s*<(mpx/[^>]+)>', re.M)
+    torch_include = re.compile(r'^\s*#\s*include\s*<(torch|ATen|c10)/', re.M)
+    names = re.compile(r"\b(torch|at|c10|c10d)::")
+    texts = {rel: strip_comments((root / "include" / rel).read_text()) for rel in headers(root)}
+    reaches = {}
+
+    def reaches_torch(rel, seen=()):
+        if rel not in reaches:
+            text = texts.get(rel, "")
+            reaches[rel] = bool(torch_include.search(text)) or any(
+                reaches_torch(t, seen + (rel,)) for t in mpx_include.findall(text) if t not in seen)
+        return reaches[rel]
+
+    for rel, text in texts.items():
+        m = names.search(text)
+        if m and not reaches_torch(rel):
+            line = text[:m.start()].count("\n") + 1
+            errors.append(f"include/{rel}:{line}: names {m.group(0)} but includes no LibTorch header; include the one it uses")
+    return errors
+
+
+CHECKS = {"layers": check_layers, "tests": check_tests, "lines": check_lines, "environment": check_environment, "torch": check_torch}
 
 
 def main():

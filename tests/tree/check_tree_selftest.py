@@ -29,9 +29,13 @@ def run(root, check):
 GOOD = {
     "include/mpx/errors.hpp": "#pragma once\n",
     "include/mpx/torch/blas.hpp": "#include <mpx/errors.hpp>\n",
+    "include/mpx/torch/tensor.hpp": "#include <ATen/Tensor.h>\nat::Tensor t;\n",
+    "include/mpx/torch/shaped.hpp": "#include <mpx/torch/tensor.hpp>\n// torch:: in a comment\nat::Tensor u;\n",
     "include/mpx/runtime/launch/env.hpp": "#include <mpx/errors.hpp>\nstd::getenv(\"RANK\");\n",
     "tests/errors.test.cpp": 'TEST_CASE("errors, and more", "[x]") {}\n',
     "tests/torch/blas.test.cpp": "",
+    "tests/torch/tensor.test.cpp": "",
+    "tests/torch/shaped.test.cpp": "",
     "tests/runtime/launch/env.test.cpp": "",
 }
 BAD = {  # check: (file, text, what the failure must name)
@@ -39,6 +43,7 @@ BAD = {  # check: (file, text, what the failure must name)
     "tests": ("tests/errors.test.cpp", 'TEST_CASE("errors; and more", "[x]") {}\n', "';'"),
     "lines": ("include/mpx/runtime/launch/env.hpp", "//\n" * 301, "over 300"),
     "environment": ("include/mpx/torch/blas.hpp", "int a = std::getenv(\"X\") != nullptr;\n", "reads the environment"),
+    "torch": ("include/mpx/torch/blas.hpp", "#include <mpx/errors.hpp>\ntorch::Tensor blas;\n", "includes no LibTorch header"),
 }
 
 failures = []

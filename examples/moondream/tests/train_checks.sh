@@ -19,6 +19,8 @@
 #   reshard:  a checkpoint of one layout (split, schedule, replicas, one process) resumes in another with the same losses
 #   reshardtp: the same between tensor-parallel degrees; the consolidated export is the whole model
 #   errors:   bad input stops with a message that names the fix
+#   torchrun: the 2-stage pipeline started by torchrun (its default rendezvous: the agent's store; $TORCHRUN,
+#             default torchrun) repeats the self-launched run's losses and weights
 #   demo:     the main job, short: trains from scratch on 2 ranks, then moondream_query answers
 # Usage: train_checks.sh CHECK MOONDREAM_TRAIN WORKDIR [MOONDREAM_QUERY]
 set -euo pipefail
@@ -357,6 +359,16 @@ PY
     mismatch seed 1 2 1 2
     mismatch microbatch-size 2 4 2 4
     mismatch config tiny tiny-reference tiny tiny-reference
+    ;;
+  torchrun)
+    # Debian's torchrun 1.13 on Python 3.11 needs -r 1 -t 1 (it fails parsing them otherwise); 2.x accepts them
+    "$train" "${small[@]}" --layout 2 --steps 6 --save "$work/self" --metrics "$work/self.jsonl" > /dev/null
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    ${TORCHRUN:-torchrun} --nproc_per_node 2 --master_port "$port" -r 1 -t 1 --no_python \
+      "$train" "${small[@]}" --layout 2 --steps 6 --save "$work/torchrun" --metrics "$work/torchrun.jsonl" > "$work/torchrun.log" 2>&1 \
+      || { tail -n 30 "$work/torchrun.log"; exit 1; }
+    compare "$work/self.jsonl" "$work/torchrun.jsonl" | tail -n 1
+    weights "$work/self/model" "$work/torchrun/model"
     ;;
   demo)
     "$train" --steps 40 --eval-samples 40 --save "$work/run" --log-every 10 | tee "$work/log"

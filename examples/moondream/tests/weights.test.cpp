@@ -16,7 +16,7 @@ moondream::Config cfg()
   c.text.vocab_size = 300, c.tokenizer.bos_id = c.tokenizer.eos_id = 299;
   return c;
 }
-std::string tmpdir(const std::string& name) { return test::scratch_dir("moondream_weights_" + name); }
+std::string weights_dir(const std::string& name) { return test::scratch_dir("moondream_weights_" + name); }
 }  // namespace
 
 TEST_CASE("The model's names are exactly the expected new-scheme names and shapes", "[moondream][weights]")
@@ -45,7 +45,7 @@ TEST_CASE("The model's names are exactly the expected new-scheme names and shape
 TEST_CASE("Weights round-trip in both schemes, bf16 and fp32, one file or shards", "[moondream][weights]")
 {
   auto c = cfg();
-  const auto dir = tmpdir("roundtrip");
+  const auto dir = weights_dir("roundtrip");
   torch::manual_seed(3);
   moondream::Moondream a(c);
   for (bool old : {false, true})
@@ -60,7 +60,7 @@ TEST_CASE("Weights round-trip in both schemes, bf16 and fp32, one file or shards
       for (auto& [n, t] : wa) CHECK(torch::equal(wb.at(n), dt == at::kFloat ? t : t.to(dt).to(at::kFloat)));
     }
   // shards: vision and text in two files of one directory, plus a region tensor and a kv cache to skip
-  const auto shards = tmpdir("shards");
+  const auto shards = weights_dir("shards");
   moondream::write_weights(shards + "/vision.safetensors", a->vision->named_weights());
   auto text = a->text->named_weights();
   text["text.blocks.0.kv_cache.k_cache"] = torch::zeros({1});
@@ -74,7 +74,7 @@ TEST_CASE("Weights round-trip in both schemes, bf16 and fp32, one file or shards
 TEST_CASE("The strict check lists missing, unexpected and mis-shaped tensors", "[moondream][weights]")
 {
   auto c = cfg();
-  const auto dir = tmpdir("strict");
+  const auto dir = weights_dir("strict");
   moondream::Moondream a(c);
   auto w = a->named_weights();
   w.erase("text.blocks.1.mlp.fc1.bias");

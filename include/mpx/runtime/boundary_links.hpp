@@ -7,12 +7,18 @@
 /// `finish_sends` waits until every send of the step has completed. The lane rule: a value for slot d
 /// leaves a rank of tensor-parallel rank k (of its slot's degree t) on the lanes j < degree(d) with
 /// j mod t = k, so each of d's ranks receives exactly one copy, on its own lane (at degree 1 everywhere: one
-/// lane, one send). Between ranks of one host (CPU messages) values travel packed through a shared-memory
-/// ring per channel and direction (`ShmLinks`, shm_links.hpp): a send is a copy into the ring, a post
-/// records the receive, and `take` reads the channel's messages in the order their receives were posted
-/// (Gloo's matching), copying each out. Otherwise over Gloo values travel packed,
-/// each channel's capacity (`ChannelSize`, per lane, peer and channel, at both ends) advanced by `next_step` at every
-/// step's start; over NCCL as header + payloads, a `Receiver` thread posting payloads as headers land.
+/// lane, one send). How values travel:
+/// - between ranks of one host (CPU messages), packed through a shared-memory ring per channel and direction
+///   (`ShmLinks`, shm_links.hpp): a send is a copy into the ring, a post records the receive, and `take`
+///   reads the channel's messages in the order their receives were posted (Gloo's matching);
+/// - otherwise over Gloo, packed on the lane's group, matched by tag; each channel's capacity (`ChannelSize`,
+///   per lane, peer and channel, at both ends) advanced by `next_step` at every step's start;
+/// - as on NCCL (`World::ordered`: NCCL, or the NCCL-rules stand-in on CPU), each channel of each lane on
+///   a group of its own two ranks (`World::channels`), as header + payloads, received by one `Receiver`
+///   thread per incoming channel. NCCL runs a group's messages in posting order, and a posted receive holds
+///   what follows it until its send arrives: on a group that carries one channel, in one direction, what
+///   follows a receive is only the same channel's later receives, so receives posted ahead cannot hold back
+///   a send, and every ordering the proof accepts (proof.hpp) runs.
 /// Every failure here — a dead or silent peer, a message that breaks the boundary — is a `peer_error`.
 
 #include <mpx/errors.hpp>     // mpx::peer_error
@@ -27,6 +33,7 @@
 #include <memory>   // std::unique_ptr
 #include <string>   // std::string
 #include <tuple>    // std::tuple
+#include <utility>  // std::pair
 #include <vector>   // std::vector
 
 namespace mpx
@@ -43,8 +50,8 @@ class BoundaryLinks
   /// rank of this slot serves all of dst's ranks.
   std::vector<int> send_lanes(int dst) const;
 
-  /// Over Gloo (CPU messages) values travel packed; over NCCL as header + payloads.
-  bool packing() const { return comm_.is_cpu(); }
+  /// Over Gloo (CPU messages) values travel packed; as on NCCL, as header + payloads.
+  bool packing() const { return comm_.is_cpu() && !ordered_; }
 
   /// At a step's start: each channel's capacity becomes the largest payload of the steps before.
   void next_step();
@@ -78,6 +85,9 @@ class BoundaryLinks
   /// so nothing more to receive).
   void arrive(PendingRecv& r);
 
+  /// As on NCCL: the group of `channel` on `lane` (member 0 sends, member 1 receives).
+  ProcessGroupPtr& channel_group(int lane, int channel);
+
   /// Runs `f`; any failure but a configuration error becomes a peer_error.
   template <class F>
   static void guarded(F&& f)
@@ -98,12 +108,14 @@ class BoundaryLinks
   std::vector<int> degree_;             // per slot, its tensor-parallel degree
   int tp_rank_, tp_size_;
   torch::Device comm_;
+  bool ordered_;                                          // messages as on NCCL (see the file comment)
+  std::map<std::pair<int, int>, ProcessGroupPtr> channels_;  // ordered: per (lane, channel), its group
   std::chrono::milliseconds timeout_;
   std::map<std::tuple<int, int, int>, ChannelSize> sent_, received_;  // per (lane, peer slot, channel): the capacity for packed payloads
   ShmLinks shm_;                                                      // same-host channels
   std::map<ShmRing*, std::deque<PendingRecv*>> posted_;               // per ring, receives posted and not yet read into
   std::vector<PendingSend> sends_;
-  std::unique_ptr<Receiver> receiver_;  // last: stops before the receives it points at are gone
+  std::map<int, std::unique_ptr<Receiver>> receivers_;  // ordered: per incoming channel; last: they stop before the receives they point at are gone
 };
 
 }  // namespace mpx
@@ -116,8 +128,17 @@ namespace mpx
 
 MPX_DECL BoundaryLinks::BoundaryLinks(World& w)
     : pp_(w.pp), lanes_(w.lanes), degree_(w.degree), tp_rank_(w.tp_rank), tp_size_(w.tp_size), comm_(w.comm_device),
-      timeout_(w.timeout), shm_(w, packing()), receiver_(packing() ? nullptr : std::make_unique<Receiver>(w.pp, w.timeout))
+      ordered_(w.ordered()), channels_(w.channels), timeout_(w.timeout), shm_(w, packing())
 {
+}
+
+MPX_DECL ProcessGroupPtr& BoundaryLinks::channel_group(int lane, int channel)
+{
+  auto it = channels_.find({lane, channel});
+  if (it == channels_.end() || !it->second)
+    throw config_error("mpx: no group for channel " + std::to_string(channel) + " on lane " + std::to_string(lane) +
+                       " (messages as on NCCL need one per channel: make_world builds them; mpx bug)");
+  return it->second;
 }
 
 MPX_DECL std::vector<int> BoundaryLinks::send_lanes(int dst) const
@@ -142,10 +163,19 @@ MPX_DECL std::unique_ptr<PendingRecv> BoundaryLinks::post(int src, int channel, 
     posted_[r->ring].push_back(r.get());
     return r;
   }
+  if (ordered_) {
+    guarded([&] {
+      ProcessGroupPtr& g = channel_group(tp_rank_, channel);
+      prepare_recv(*r, 0, channel, std::move(e), std::move(what), comm_);  // member 0 sends
+      auto& receiver = receivers_[channel];
+      if (!receiver) receiver = std::make_unique<Receiver>(g, timeout_);
+      receiver->add(r.get());
+    });
+    return r;
+  }
   guarded([&] {
     post_recv(*r, pp_, src, channel, std::move(e), std::move(what), comm_, packing() ? &received_[{tp_rank_, src, channel}] : nullptr);
   });
-  if (receiver_) receiver_->add(r.get());
   return r;
 }
 
@@ -155,8 +185,12 @@ MPX_DECL std::vector<at::Tensor> BoundaryLinks::take(std::unique_ptr<PendingRecv
   std::vector<at::Tensor> out;
   guarded([&] {
     if (r->ring) arrive(*r);
-    else if (receiver_) receiver_->await(*r);
-    out = finish_recv(pp_, *r, timeout_, like);
+    if (!ordered_) {
+      out = finish_recv(pp_, *r, timeout_, like);
+      return;
+    }
+    receivers_.at(r->channel)->await(*r);
+    out = finish_recv(channel_group(tp_rank_, r->channel), *r, timeout_, like);
   });
   r.reset();
   waited += clock::now() - w0;
@@ -169,6 +203,10 @@ MPX_DECL void BoundaryLinks::send(int dst, int channel, int stage, int mb, bool 
   release_completed_sends();
   for (int lane : send_lanes(dst))
     guarded([&] {
+      if (ordered_) {  // member 1 of the channel's group receives
+        sends_.push_back(send_tensors(channel_group(lane, channel), 1, channel, stage, mb, gradient, ts, wire, what, comm_));
+        return;
+      }
       if (ShmRing* ring = shm_.outgoing(lane, dst, channel)) {
         send_shm(*ring, lanes_[std::size_t(lane)], dst, channel, detail::make_message(stage, mb, gradient, ts, wire, comm_), what);
         return;
@@ -194,7 +232,7 @@ MPX_DECL void BoundaryLinks::finish_sends()
   for (auto& s : sends_)
     for (auto& wk : s.works) {
       try {
-        wk->wait(timeout_);
+        detail::wait_bounded(wk, comm_, timeout_);
       } catch (const std::exception& e) {
         sends_.clear();
         throw peer_error(s.what + ": the send did not complete: " + e.what());

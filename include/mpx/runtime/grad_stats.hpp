@@ -15,6 +15,7 @@
 #include <mpx/tp/gradients.hpp>  // mpx::tp::NormTerm
 #include <mpx/runtime/wire/shm_sum.hpp>  // mpx::ShmSum
 #include <mpx/runtime/world/world.hpp>   // mpx::World
+#include <mpx/torch/process_group.hpp>  // mpx::detail::wait_bounded
 #include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::stack, torch::zeros
@@ -139,7 +140,7 @@ MPX_DECL StepReduction finish_reduce_step(World& w, PendingReduction& p)
     });
   } else {
     try {
-      p.work->wait(w.timeout);
+      detail::wait_bounded(p.work, p.values.device(), w.timeout);
     } catch (const std::exception& e) {
       throw peer_error("mpx: rank " + std::to_string(w.env.rank) + ", step " + std::to_string(p.step) +
                        ", the end-of-step all-reduce (loss, gradient norm): a peer did not arrive: " + e.what());

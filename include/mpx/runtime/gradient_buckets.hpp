@@ -14,7 +14,8 @@
 /// replica all of it does nothing.
 
 #include <mpx/errors.hpp>  // mpx::config_error
-#include <mpx/runtime/world/world.hpp>   // mpx::ProcessGroupPtr
+#include <mpx/runtime/world/world.hpp>   // mpx::World
+#include <mpx/torch/process_group.hpp>  // mpx::ProcessGroupPtr, mpx::detail::wait_bounded
 #include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/csrc/autograd/function_hook.h>  // torch::autograd::FunctionPostHook
@@ -149,7 +150,7 @@ MPX_DECL void GradientBuckets::start(const std::vector<at::Tensor>& params)
 MPX_DECL void GradientBuckets::finish()
 {
   for (auto& b : buckets_) {
-    b.work->wait(timeout_);
+    detail::wait_bounded(b.work, b.flat.device(), timeout_);
     b.flat.div_(double(replicas_));
     std::int64_t off = 0;
     for (auto& p : b.params) {

@@ -11,7 +11,7 @@
 /// | `wire/format.hpp`   | the header's layout, tags, `Expect`, `ChannelSize`; `encode_header` / `read_header` (checked) |
 /// | `wire/send.hpp`     | `send_tensors`, `PendingSend` |
 /// | `wire/receive.hpp`  | `post_recv`, `finish_recv`, `PendingRecv` |
-/// | `wire/receiver.hpp` | `Receiver`: the thread that posts payload receives as headers land (NCCL) |
+/// | `wire/receiver.hpp` | `Receiver`: the one thread that receives a channel's messages as on NCCL |
 
 #include <mpx/runtime/wire/boundary_value.hpp>  // mpx::detail::flatten, unflatten, field_names
 #include <mpx/runtime/wire/format.hpp>     // mpx::Expect, mpx::ChannelSize

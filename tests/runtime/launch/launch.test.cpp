@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <cstdlib>  // std::atof
 #include <string>
 
 namespace
@@ -110,7 +111,11 @@ TEST_CASE("The first rank to fail is reported first: its rank, signal and last l
     CHECK(code == 128 + SIGKILL);
     const auto first = out.find("mpx::launch: ");
     REQUIRE(first != std::string::npos);
-    CHECK(out.compare(first, 62, "mpx::launch: rank 1 was killed by signal 9 (SIGKILL) at 0.3 s,") == 0);
+    const std::string killed = "mpx::launch: rank 1 was killed by signal 9 (SIGKILL) at ";
+    CHECK(out.compare(first, killed.size(), killed) == 0);
+    const double at = std::atof(out.c_str() + first + killed.size());  // it slept 0.3 s; a loaded machine adds a little
+    CHECK(at >= 0.3);
+    CHECK(at < 2.0);
     CHECK(out.find("  | last words of 1", first) != std::string::npos);  // quoted in the report
     const auto noticed = out.find("[rank 0] rank 0: peer 1 is gone");
     CHECK(noticed != std::string::npos);  // the survivors' own errors are not cut off

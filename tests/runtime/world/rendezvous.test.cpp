@@ -19,7 +19,7 @@ c10::intrusive_ptr<c10d::TCPStore> outsider(int port)
   o.timeout = std::chrono::seconds(5);
   return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
 }
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+using rooms::bytes;
 }  // namespace
 
 TEST_CASE("A store client without the run's secret can neither read nor change the run's keys", "[rooms][rendezvous]")

@@ -4,11 +4,6 @@
 // makes alone before any rendezvous.
 #include "support/rooms.hpp"
 
-namespace
-{
-using P2 = mpx::Pipeline<mpx::Stage<tiny::Model, mpx::CPU<0>, mpx::Layers<0, 3>>, mpx::Stage<tiny::Model, mpx::CPU<1>, mpx::Layers<3, 6>>,
-                         mpx::Microbatches<4>, mpx::Batch<tiny::Batch>>;
-}  // namespace
 
 TEST_CASE("A world of one rank: its place, its groups, a barrier", "[rooms][world]")
 {
@@ -53,6 +48,16 @@ TEST_CASE("WORLD_SIZE that is not a multiple of a pipeline's ranks stops before 
 {
   mpx::Env env;
   env.world_size = 3, env.rank = 0;
-  CHECK_THROWS_WITH(mpx::make_world<P2>(env), Catch::Contains("WORLD_SIZE (3) is not a multiple of the ranks of one pipeline (2, its slots)") &&
+  CHECK_THROWS_WITH(mpx::make_world<rooms::P2>(env), Catch::Contains("WORLD_SIZE (3) is not a multiple of the ranks of one pipeline (2, its slots)") &&
                                                   Catch::Contains("--nproc-per-node 2"));
+}
+
+TEST_CASE("A GPU rank's device: its LOCAL_RANK among the node's devices, device 0 when it sees one, else a named error", "[rooms][world]")
+{
+  using mpx::detail::cuda_device_index;
+  CHECK(cuda_device_index(8, 3, 8) == 3);  // the node's ranks share its 8 devices
+  CHECK(cuda_device_index(8, 1, 2) == 1);
+  CHECK(cuda_device_index(1, 5, 8) == 0);  // one GPU per task: each rank sees its own as device 0
+  CHECK_THROWS_WITH(cuda_device_index(2, 3, 4), Catch::Contains("this node runs 4 ranks but each sees 2 CUDA devices") &&
+                                                    Catch::Contains("CUDA_VISIBLE_DEVICES per rank, SLURM --gpus-per-task=1"));
 }

@@ -14,7 +14,7 @@
 /// host of SLURM_JOB_NODELIST / SLURM_NODELIST (`node[01-04,07]` gives `node01`).
 ///
 /// mpx's own settings (docs/05_running.md, "Environment", is their one table): `MPX_STORE_SECRET`,
-/// `MPX_SHM`, `MPX_SHM_RING_KB`, `MPX_SHM_SPIN_US`, `MPX_KEEP_HOST_MEMORY`, `MPX_FAULT`; and Gloo's
+/// `MPX_SHM`, `MPX_SHM_RING_KB`, `MPX_SHM_SPIN_US`, `MPX_KEEP_HOST_MEMORY`, `MPX_FAULT`, `MPX_NCCL_RULES`; and Gloo's
 /// `GLOO_SOCKET_IFNAME`.
 
 #include <mpx/errors.hpp>   // mpx::config_error
@@ -62,6 +62,7 @@ struct Env
   std::string gloo_socket_ifname;  ///< GLOO_SOCKET_IFNAME's first name: the interface Gloo listens on ("": the route to the master)
   ShmSettings shm;                 ///< MPX_SHM, MPX_SHM_RING_KB, MPX_SHM_SPIN_US
   bool keep_host_memory = true;    ///< MPX_KEEP_HOST_MEMORY (0: make_world leaves LibTorch's CPU allocator alone)
+  bool nccl_rules = false;         ///< MPX_NCCL_RULES=1: CPU ranks' pipeline messages under NCCL's rules (torch/nccl_rules.hpp)
   std::vector<Fault> faults;       ///< MPX_FAULT: faults injected for real, for tests of failure handling (faults.hpp)
 
   /// True when a launcher set this process up as one rank of several (or RANK is set at all).
@@ -274,6 +275,9 @@ MPX_DECL void read_settings(Env& e)
   }
   e.keep_host_memory = zero_or_one("MPX_KEEP_HOST_MEMORY", "LibTorch's own CPU allocator, e.g. to preload jemalloc");
   e.faults = parse_faults(getenv_str("MPX_FAULT").value_or(""));
+  const std::string rules = getenv_str("MPX_NCCL_RULES").value_or("0");
+  if (rules != "0" && rules != "1") throw config_error("mpx: MPX_NCCL_RULES=\"" + rules + "\": set it to 0 (the default) or 1 (NCCL's rules on CPU)");
+  e.nccl_rules = rules == "1";
 }
 
 }  // namespace mpx::detail

@@ -11,7 +11,7 @@
 /// the process, which is why both ends derive the capacity from the same earlier messages).
 
 #include <mpx/runtime/wire/format.hpp>  // mpx::Expect, mpx::ChannelSize, mpx::detail::read_header
-#include <mpx/torch/process_group.hpp>  // mpx::ProcessGroupPtr
+#include <mpx/torch/process_group.hpp>  // mpx::ProcessGroupPtr, mpx::detail::wait_bounded
 #include <mpx/linkage.hpp>  // MPX_DECL, MPX_DEFINITIONS
 
 #include <torch/torch.h>  // torch::empty, torch::from_blob
@@ -49,10 +49,17 @@ struct PendingRecv
   ShmRing* ring = nullptr;          ///< a same-host channel's ring (shm_links.hpp): nothing posted; the message read from it
 };
 
-/// Posts the header receive of a message into `r`. With `size` (the channel's record at this end; CPU
-/// only), the receive has room for the channel's largest payload of earlier steps, packed after the header.
+/// Posts the header receive of a message into `r` (`prepare_recv`, then `post_header`).
 MPX_DECL void post_recv(PendingRecv& r, ProcessGroupPtr& pg, int src, int channel, Expect e, std::string what,
                       torch::Device comm = torch::kCPU, ChannelSize* size = nullptr);
+
+/// Readies `r` to receive a message — its header buffer, what it expects — without posting anything. With
+/// `size` (the channel's record at this end; CPU only), the header receive has room for the channel's
+/// largest payload of earlier steps, packed after the header.
+MPX_DECL void prepare_recv(PendingRecv& r, int src, int channel, Expect e, std::string what, torch::Device comm = torch::kCPU,
+                           ChannelSize* size = nullptr);
+/// Posts the header receive of a prepared `r`.
+MPX_DECL void post_header(PendingRecv& r, ProcessGroupPtr& pg);
 
 namespace detail
 {
@@ -76,19 +83,29 @@ MPX_DECL std::vector<at::Tensor> finish_recv(ProcessGroupPtr& pg, PendingRecv& r
 
 namespace mpx
 {
-MPX_DECL void post_recv(PendingRecv& r, ProcessGroupPtr& pg, int src, int channel, Expect e, std::string what,
-                      torch::Device comm, ChannelSize* size)
+MPX_DECL void prepare_recv(PendingRecv& r, int src, int channel, Expect e, std::string what, torch::Device comm, ChannelSize* size)
 {
   r.comm = comm;
   r.size = comm.type() == torch::kCPU ? size : nullptr;
   r.header = r.size != nullptr ? torch::empty({detail::header_bytes + size->capacity}, torch::kByte)
                                : torch::zeros({detail::header_size}, torch::TensorOptions().dtype(torch::kLong).device(comm));
-  std::vector<at::Tensor> v{r.header};
   r.src = src;
   r.channel = channel;
   r.expect = std::move(e);
   r.what = std::move(what);
-  r.header_work = pg->recv(v, src, detail::header_tag(channel));
+}
+
+MPX_DECL void post_header(PendingRecv& r, ProcessGroupPtr& pg)
+{
+  std::vector<at::Tensor> v{r.header};
+  r.header_work = pg->recv(v, r.src, detail::header_tag(r.channel));
+}
+
+MPX_DECL void post_recv(PendingRecv& r, ProcessGroupPtr& pg, int src, int channel, Expect e, std::string what,
+                      torch::Device comm, ChannelSize* size)
+{
+  prepare_recv(r, src, channel, std::move(e), std::move(what), comm, size);
+  post_header(r, pg);
 }
 
 }  // namespace mpx
@@ -145,10 +162,10 @@ MPX_DECL std::vector<at::Tensor> finish_recv(ProcessGroupPtr& pg, PendingRecv& r
   using namespace detail;
   if (r.error) std::rethrow_exception(r.error);
   if (!r.payload_posted.load(std::memory_order_acquire)) {
-    r.header_work->wait(timeout);
+    wait_bounded(r.header_work, r.comm, timeout);
     post_payloads(pg, r);
   }
-  for (auto& w : r.works) w->wait(timeout);
+  for (auto& w : r.works) wait_bounded(w, r.comm, timeout);
   for (std::size_t i = 0; i < r.out.size(); ++i) {
     if (!r.out[i].defined()) continue;
     if (r.expect.gradient && i < like.size() && like[i].defined() && like[i].sizes() != r.out[i].sizes())

@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// @file runtime/wire/receiver.hpp
-/// `Receiver`: a thread that posts payload receives the moment their header arrives, so that payloads flow
-/// while the rank computes (a Gloo send completes only once its receive is posted). Used where messages
-/// travel as header + payloads (NCCL, whose receives must match the message's size); packed Gloo messages
-/// need none. Receives are advanced in the order they were added, which is the order the schedule
-/// consumes them. Every wait has the timeout, so a dead or silent peer fails the receive (and whoever
-/// awaits it) instead of hanging.
+/// `Receiver`: the one thread that receives a channel's messages where they travel as on NCCL (one group
+/// per channel, header then payloads: boundary_links.hpp). In the order receives were added — the channel's
+/// order, which is its micro-batch order — it posts a header receive, waits for the header, checks it and
+/// posts the payload receives, then goes on to the next; so the group sees header, payloads, header,
+/// payloads, exactly as the sender posts them, from one thread (NCCL's rules: messages meet in posting order,
+/// a communicator is used from one thread). Payloads flow while the rank computes. Every wait has the
+/// timeout, so a dead or silent peer fails the receive (and whoever awaits it) instead of hanging.
 
-#include <mpx/runtime/wire/receive.hpp>  // mpx::PendingRecv, mpx::detail::post_payloads
+#include <mpx/runtime/wire/receive.hpp>  // mpx::PendingRecv, mpx::post_header, mpx::detail::post_payloads, wait_bounded
 
 #include <chrono>              // std::chrono::milliseconds
 #include <condition_variable>  // std::condition_variable
@@ -36,6 +37,7 @@ class Receiver
   Receiver(const Receiver&) = delete;
   Receiver& operator=(const Receiver&) = delete;
 
+  /// Adds a prepared receive (prepare_recv): the thread posts it when those before it are posted.
   void add(PendingRecv* r)
   {
     {
@@ -63,8 +65,8 @@ class Receiver
       l.unlock();
       std::exception_ptr failed;
       try {
-        // Gloo's receive work completes only inside wait(), so this thread blocks here, not the compute
-        r->header_work->wait(timeout_);
+        post_header(*r, pg_);
+        detail::wait_bounded(r->header_work, r->comm, timeout_);  // blocks this thread, not the compute
         detail::post_payloads(pg_, *r);  // its last act publishes the payloads; r is not touched after
       } catch (...) {
         failed = std::current_exception();

@@ -6,7 +6,7 @@
 /// the mesh (replica, slot, tensor-parallel rank, device); then the rendezvous (rendezvous.hpp); then the
 /// world group and `check_same_pipeline` — the pipeline fingerprints compared in one collective before any
 /// other group is built (ranks of different pipelines would wait for each other's groups); then
-/// `make_mesh_groups` — this rank's lanes, tensor-parallel and data-parallel groups; then the run
+/// `make_mesh_groups` — this rank's lanes, channels, tensor-parallel and data-parallel groups; then the run
 /// settings (run_settings.hpp).
 
 #include <mpx/linkage.hpp>                   // MPX_DECL, MPX_DEFINITIONS
@@ -27,11 +27,23 @@ MPX_DECL ProcessGroupPtr make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
 MPX_DECL ProcessGroupPtr make_group(World& w, bool nccl, const std::string& prefix, int rank, int size, const GlooEndpoint& host,
                                     std::chrono::milliseconds timeout);
 
+/// Where pipeline messages travel as on NCCL (`World::ordered`: the lanes on NCCL when `nccl`, or
+/// MPX_NCCL_RULES on CPU), a group per (lane, channel) of which this rank is an end: member 0 the sender,
+/// member 1 the receiver; under the stand-in each one an `NcclRulesGroup` over Gloo.
+MPX_DECL void make_channel_groups(World& w, const WorldShape& shape, const GlooEndpoint& host, std::chrono::milliseconds timeout, bool nccl);
+
 /// Builds this rank's groups of the mesh (world.hpp), every rank in the same global order: lanes in
-/// increasing j, then tensor-parallel, then data-parallel. NCCL carries a group only when all its members
-/// compute on CUDA: the lanes when every stage is a GPU stage, the others when this slot's are; otherwise
-/// Gloo (tensors staged through CPU).
+/// increasing j, then the channels' groups (make_channel_groups) by lane, then channel, then tensor-parallel,
+/// then data-parallel — a rank waits in a group's making only for members that make no group before it,
+/// so the making cannot deadlock. NCCL carries a group only when all its members compute on CUDA: the lanes
+/// (and channels) when every stage is a GPU stage, the others when this slot's are; otherwise Gloo (tensors
+/// staged through CPU).
 MPX_DECL void make_mesh_groups(World& w, const WorldShape& shape, const GlooEndpoint& host, std::chrono::milliseconds timeout);
+
+/// The CUDA device a rank of a GPU slot computes on, of the `visible` ones: its LOCAL_RANK when the node's
+/// ranks share the node's devices, device 0 when the rank sees one (one GPU per task: CUDA_VISIBLE_DEVICES
+/// per rank, SLURM's --gpus-per-task=1); fewer is a `config_error` naming both fixes.
+MPX_DECL int cuda_device_index(int visible, int local_rank, int local_world_size);
 
 /// A World with this rank's place on the mesh of `shape`, after the checks it can make alone.
 MPX_DECL World place_on_mesh(const Env& env, const WorldOptions& opt, const WorldShape& shape);
@@ -45,6 +57,7 @@ MPX_DECL void check_same_pipeline(World& w, std::int64_t fingerprint, std::chron
 #if MPX_DEFINITIONS
 // ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
 #include <mpx/torch/host_memory.hpp>  // mpx::keep_host_memory
+#include <mpx/torch/nccl_rules.hpp>   // mpx::NcclRulesGroup
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>       // c10d::PrefixStore
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>  // c10d::ProcessGroupGloo
@@ -101,6 +114,25 @@ MPX_DECL ProcessGroupPtr make_group(World& w, bool nccl, const std::string& pref
   return make_gloo(w.store, prefix, rank, size, timeout, host, w.env.rank);
 }
 
+MPX_DECL void make_channel_groups(World& w, const WorldShape& shape, const GlooEndpoint& host, std::chrono::milliseconds timeout, bool nccl)
+{
+  w.nccl_rules = w.env.nccl_rules && !nccl;
+  if (!w.ordered()) return;
+  const std::string rep = std::to_string(w.replica);
+  const int stages = int(shape.stage_slot.size());
+  for (int j = 0; j < shape.lanes; ++j) {
+    if (!w.in_lane(j)) continue;
+    for (int ch = 0; ch < 2 * (stages - 1); ++ch) {  // 2b: activations from stage b to b+1; 2b+1: their gradients back
+      const int b = ch / 2, from = shape.stage_slot[std::size_t(ch % 2 ? b + 1 : b)], to = shape.stage_slot[std::size_t(ch % 2 ? b : b + 1)];
+      if (from == to || (w.slot != from && w.slot != to)) continue;
+      const std::string prefix = "mpx/ch/" + rep + "/" + std::to_string(j) + "/" + std::to_string(ch) + "/";
+      ProcessGroupPtr g = make_group(w, nccl, prefix, w.slot == from ? 0 : 1, 2, host, timeout);
+      if (w.nccl_rules) g = c10::make_intrusive<NcclRulesGroup>(g, timeout, "channel " + std::to_string(ch) + " of lane " + std::to_string(j));
+      w.channels[{j, ch}] = g;
+    }
+  }
+}
+
 MPX_DECL void make_mesh_groups(World& w, const WorldShape& shape, const GlooEndpoint& host, std::chrono::milliseconds timeout)
 {
   bool all_gpu = true;
@@ -118,6 +150,7 @@ MPX_DECL void make_mesh_groups(World& w, const WorldShape& shape, const GlooEndp
 #if defined(USE_C10D_NCCL)
   if (cuda && all_gpu) w.comm_device = w.device;  // the lanes are NCCL groups: messages stay on the device
 #endif
+  make_channel_groups(w, shape, host, timeout, cuda && all_gpu);
   if (w.tp_size > 1) {
     w.tp->pg = make_group(w, cuda, "mpx/tp/" + rep + "/" + slot + "/", w.tp_rank, w.tp_size, host, timeout);
     w.tp->rank = w.tp_rank;
@@ -128,6 +161,15 @@ MPX_DECL void make_mesh_groups(World& w, const WorldShape& shape, const GlooEndp
                  std::to_string(first + w.tp_size - 1) + ")";
   }
   w.dp = make_group(w, cuda, "mpx/dp/" + slot + "/" + std::to_string(w.tp_rank) + "/", w.replica, w.replicas, host, timeout);
+}
+
+MPX_DECL int cuda_device_index(int visible, int local_rank, int local_world_size)
+{
+  if (visible == 1) return 0;
+  if (visible >= local_world_size) return local_rank;
+  throw config_error("mpx: this node runs " + std::to_string(local_world_size) + " ranks but each sees " + std::to_string(visible) +
+                     " CUDA devices; one rank needs one device: launch at most " + std::to_string(visible) +
+                     " ranks per node, or give each rank a device of its own (CUDA_VISIBLE_DEVICES per rank, SLURM --gpus-per-task=1)");
 }
 
 MPX_DECL World place_on_mesh(const Env& env, const WorldOptions& opt, const WorldShape& shape)
@@ -165,11 +207,7 @@ MPX_DECL World place_on_mesh(const Env& env, const WorldOptions& opt, const Worl
       throw config_error("mpx: slot " + std::to_string(w.slot) + " has GPU stages but this machine has no CUDA device "
                          "(or LibTorch was built without CUDA); run on a GPU machine, or declare the stages on mpx::CPU<i> "
                          "(or set WorldOptions::allow_cpu to run GPU stages on CPU)");
-    if (n > 0 && n < env.local_world_size)
-      throw config_error("mpx: this node runs " + std::to_string(env.local_world_size) + " ranks but has only " +
-                         std::to_string(n) + " CUDA devices; one rank needs one device: launch at most " +
-                         std::to_string(n) + " ranks per node");
-    w.device = n > 0 ? torch::Device(torch::kCUDA, env.local_rank) : torch::Device(torch::kCPU);
+    w.device = n > 0 ? torch::Device(torch::kCUDA, cuda_device_index(n, env.local_rank, env.local_world_size)) : torch::Device(torch::kCPU);
   }
   return w;
 }

@@ -32,6 +32,7 @@
 #include <chrono>   // std::chrono::milliseconds
 #include <map>      // std::map
 #include <string>   // std::string
+#include <utility>  // std::pair
 #include <vector>   // std::vector
 
 namespace mpx
@@ -64,6 +65,10 @@ struct World
   c10::intrusive_ptr<c10d::Store> store;
   ProcessGroupPtr world, pp, dp;
   std::vector<ProcessGroupPtr> lanes;  ///< per lane, its group (null where this rank is not a member); pp = lanes[tp_rank]
+  /// Pipeline messages travel as on NCCL (`ordered()`): per (lane, channel) this rank is an end of, the
+  /// group of the channel's two ranks — member 0 sends, member 1 receives (boundary_links.hpp).
+  std::map<std::pair<int, int>, ProcessGroupPtr> channels;
+  bool nccl_rules = false;  ///< MPX_NCCL_RULES=1: on CPU, the channels' groups are NCCL-rules stand-ins (torch/nccl_rules.hpp)
   tp::GroupPtr tp = c10::make_intrusive<tp::Group>();  ///< this slot's tensor-parallel group
 
   /// Global rank of (replica, slot, tensor-parallel rank).
@@ -76,6 +81,9 @@ struct World
     while (s + 1 < slots && first_rank[std::size_t(s + 1)] <= r) ++s;
     return s;
   }
+  /// Whether pipeline messages travel as on NCCL: a group per channel, header then payloads (the lanes are
+  /// NCCL groups, or the NCCL-rules stand-in is on).
+  bool ordered() const { return comm_device.is_cuda() || nccl_rules; }
   /// Whether this rank takes part in lane j.
   bool in_lane(int j) const { return j % tp_size == tp_rank; }
 
