@@ -5,7 +5,8 @@
 #   1. tests/runtime/on_device.test.cpp on CUDA device 0 (NCCL groups, CUDA compute, autocast fp16/bf16,
 #      the loss scaler, checkpointing's CUDA generator, 8-bit AdamW on CUDA tensors, save/load);
 #   2. the LibTorch glue's unit tests (the NCCL-rules stand-in's among them) and the multi-process runtime tests
-#      on LibTorch 2.x: CPU ranks over Gloo, then again under NCCL's rules (MPX_NCCL_RULES=1);
+#      on LibTorch 2.x: CPU ranks over Gloo, then again under NCCL's rules (MPX_NCCL_RULES=1), then the
+#      2-rank pipeline under the machine's torchrun with its default rendezvous;
 #   3. every public header on its own with USE_C10D_NCCL (syntax only).
 # Third-party headers come from the machine or from .deps/ (scripts/gpu_deps.sh fills it here, from Debian).
 #   usage: scripts/gpu_check.sh [log-dir]      (writes build and test logs there; default build-gpu/logs)
@@ -32,7 +33,8 @@ TORCH_TESTS=(tests/torch/blas.test.cpp tests/torch/tensor.test.cpp tests/torch/n
 RUNTIME_DEFS=(-DMPX_RANK_EXE="\"$PWD/$B/runtime_rank\"" -DMPX_MPXRUN_EXE="\"/bin/false\"" -DMPX_TWO_NODES_SH="\"/bin/false\"")
 if [ $dry = 1 ]; then
   for s in tests/support/main.cpp tests/runtime/on_device.test.cpp "${TORCH_TESTS[@]}" tests/runtime/rank_main.cpp tests/runtime/runtime.test.cpp; do
-    compile "$B/obj/$(basename "$s" .cpp).o" "$s" -fsyntax-only "${RUNTIME_DEFS[@]}" &
+    ( timeout 400 g++ "${CXXFLAGS[@]}" "${RUNTIME_DEFS[@]}" -fsyntax-only "$s" > "$LOGS/$(basename "$s" .cpp).log" 2>&1 ||
+        { echo "FAILED to compile $s"; tail -n 20 "$LOGS/$(basename "$s" .cpp).log"; exit 1; } ) &
     while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do sleep 1; done
   done
   failed=0
@@ -79,6 +81,9 @@ if link $B/runtime_rank $B/obj/runtime_rank.o && link $B/runtime_tests $B/obj/ru
   echo "== the same under NCCL's rules (MPX_NCCL_RULES=1: a group per channel, the stand-in)"
   MPX_NCCL_RULES=1 OMP_NUM_THREADS=1 timeout 600 $B/runtime_tests "[parity]~[nodes]~[launchers]~[shm],[errors]~[shm]" 2>&1 |
     tee "$LOGS/runtime_tests_nccl_rules.txt" | tail -15 || status=1
+  echo "== an mpx program under this machine's torchrun, its default rendezvous (the agent's store)"
+  torchrun --version 2>/dev/null | head -1
+  OMP_NUM_THREADS=1 timeout 300 $B/runtime_tests "Under torchrun as users type it*" 2>&1 | tee "$LOGS/runtime_tests_torchrun.txt" | tail -5 || status=1
 else status=1; fi
 grep -l "error" "$LOGS"/*.log 2>/dev/null | head -20 | while read -r f; do echo "---- $f"; grep -m 6 -A 3 "error" "$f"; done
 echo "== done in $(( $(date +%s) - t0 )) s, status $status"

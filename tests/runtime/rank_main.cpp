@@ -7,6 +7,8 @@
 #include "support/geometric_toy.hpp"
 
 #include <malloc.h>  // mallinfo2
+#include <signal.h>  // raise, kill, SIGKILL, SIGSTOP
+#include <unistd.h>  // fork, getpid, getppid, sleep, _exit
 
 #include <algorithm>
 #include <cstdio>
@@ -122,6 +124,23 @@ int toy_cut(int cut)
   return 0;
 }
 
+/// Ends this process as `--die-by` says (scenarios.hpp): _exit(3), SIGKILL, or SIGSTOP with a child that
+/// SIGKILLs it 25 s later (a silent peer: its process alive, its sockets open, nothing sent).
+[[noreturn]] void die(const std::string& how)
+{
+  if (how == "kill") ::raise(SIGKILL);
+  if (how == "stop") {
+    const pid_t me = ::getpid();
+    if (::fork() == 0) {
+      ::sleep(25);
+      if (::getppid() == me) ::kill(me, SIGKILL);
+      ::_exit(0);
+    }
+    ::raise(SIGSTOP);
+  }
+  ::_exit(3);
+}
+
 template <class P>
 int train(const std::string& out, int kill_rank, int kill_step, std::chrono::milliseconds timeout = std::chrono::seconds(30),
           mpx::RunSettings settings = {})
@@ -175,9 +194,9 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
     }
     auto& trainer = *trainer_slot;
     if (env.rank == kill_rank && step == kill_step) {
-      std::cerr << "rank " << env.rank << " dies now (test)\n";
+      std::cerr << "rank " << env.rank << " dies now (test, by " << knobs.die_by << ")\n";
       std::fflush(nullptr);
-      ::_exit(3);
+      die(knobs.die_by);
     }
     auto batch = tiny::make_batch(scenario::config, scenario::rows_per_replica, step, world.replica, world.replicas);
     const auto st = trainer.step(mpx::slice_microbatches(batch, P::num_microbatches));

@@ -369,7 +369,8 @@ namespace
 /// memory, then Gloo), and checks that ranks 0 and 2 end with exit 1 well inside the 90 s bound, their
 /// output naming each of `named` (and, through shared memory, each of `named_shm`).
 void check_survivors_name(const std::vector<std::string>& args, std::vector<std::pair<std::string, std::string>> env,
-                          const std::vector<std::string>& named, const std::vector<std::string>& named_shm = {})
+                          const std::vector<std::string>& named, const std::vector<std::string>& named_shm = {},
+                          int dying_code = 3)
 {
   for (const char* shm : {"1", "0"}) {
     CAPTURE(shm);
@@ -377,7 +378,7 @@ void check_survivors_name(const std::vector<std::string>& args, std::vector<std:
     all_env.emplace_back("MPX_SHM", shm);
     auto res = test::spawn(3, args, std::chrono::seconds(90), all_env);
     INFO(all_output(res));
-    CHECK(res[1].code == 3);
+    CHECK(res[1].code == dying_code);
     for (int r : {0, 2}) {
       CAPTURE(r);
       const auto& out = res[std::size_t(r)].output;
@@ -396,6 +397,16 @@ TEST_CASE("A killed rank ends the survivors with an error naming rank step actio
   // 3 stages; rank 1 dies at the start of step 2. The message timeout is 10 s. Messages through shared
   // memory (the default here: a waiting rank sees the peer's process gone), then over Gloo.
   check_survivors_name({MPX_RANK_EXE, "kill", "/tmp", "1", "2"}, {}, {"step 2", "peer rank 1", "action"});
+}
+
+TEST_CASE("A rank killed by SIGKILL or stopped and silent ends the survivors with an error naming step action and peer", "[runtime][errors]")
+{
+  // as above, rank 1 SIGKILLed; then SIGSTOPped: its process alive and its sockets open, nothing ever comes
+  // (a hung GPU peer): the survivors' waits end at the 10 s timeout (its own child SIGKILLs it at 25 s: 137)
+  for (const char* how : {"kill", "stop"}) {
+    CAPTURE(how);
+    check_survivors_name({MPX_RANK_EXE, "kill", "/tmp", "1", "2", std::string("--die-by=") + how}, {}, {"step 2", "peer rank 1", "action"}, {}, 128 + SIGKILL);
+  }
 }
 
 TEST_CASE("A rank killed after its walk ends the survivors in the end-of-step sum with an error naming step and sum", "[runtime][errors]")

@@ -186,6 +186,9 @@ struct Knobs
   int exit_rank = -1;            ///< --exit-before-sum=RANK,STEP: that rank's process ends after its walk of that step
   long exit_step = -1;
   long resume_at = -1;           ///< --resume-at=STEP: save there, then go on from the files in new trainers
+  /// --die-by=exit|kill|stop: how the rank told to die (kill-rank, kill-step) does it: `_exit(3)`, SIGKILL, or
+  /// SIGSTOP (alive and silent; a child of its SIGKILLs it 25 s later)
+  std::string die_by = "exit";
 
   /// As the rank program takes them.
   std::vector<std::string> flags() const
@@ -198,6 +201,7 @@ struct Knobs
     if (inf_stage >= 0) f.push_back("--inject-inf=" + std::to_string(inf_stage) + "," + std::to_string(inf_step));
     if (exit_rank >= 0) f.push_back("--exit-before-sum=" + std::to_string(exit_rank) + "," + std::to_string(exit_step));
     if (resume_at >= 0) f.push_back("--resume-at=" + std::to_string(resume_at));
+    if (die_by != "exit") f.push_back("--die-by=" + die_by);
     return f;
   }
 
@@ -220,6 +224,7 @@ struct Knobs
       else if (name == "--inject-inf") pair(value, k.inf_stage, k.inf_step);
       else if (name == "--exit-before-sum") pair(value, k.exit_rank, k.exit_step);
       else if (name == "--resume-at") k.resume_at = std::stol(value);
+      else if (name == "--die-by" && (value == "exit" || value == "kill" || value == "stop")) k.die_by = value;
       else throw std::invalid_argument("unknown flag " + f);
     }
     return k;

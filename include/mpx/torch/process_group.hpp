@@ -33,7 +33,11 @@ namespace detail
 inline void wait_bounded(const c10::intrusive_ptr<c10d::Work>& w, const c10::Device& device, std::chrono::milliseconds timeout)
 {
   if (!device.is_cuda()) {
-    w->wait(timeout);
+    try {
+      w->wait(timeout);
+    } catch (const c10::Error& e) {  // its message without LibTorch's C++ backtrace, which tells a user nothing
+      throw peer_error(e.what_without_backtrace());
+    }
     return;
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
