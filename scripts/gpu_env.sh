@@ -34,7 +34,8 @@ fi
 # libstdc++ first: the wheels' libraries export some libstdc++ symbols of their own (std::filesystem among
 # them); ours must bind to the system's, which our headers match.
 LIBS=(-Wl,--no-as-needed -lstdc++ -L"$TORCH/lib" -Wl,-rpath,"$TORCH/lib" "${CUDA_LIBS[@]}" -ltorch -ltorch_cpu -lc10 -Wl,--as-needed -lpthread)
-echo "torch at $TORCH; gloo headers from $([ -d "$TORCH/include/gloo" ] && echo torch || echo .deps)" | tee -a "$LOGS/versions.txt"
+gloo_from=system; [ -d .deps/gloo ] && gloo_from=.deps; [ -d "$TORCH/include/gloo" ] && gloo_from=torch
+echo "torch at $TORCH; gloo headers from $gloo_from" | tee -a "$LOGS/versions.txt"
 
 compile() {  # compile <object> <source> [flags...]
   local obj=$1 src=$2; shift 2
