@@ -50,7 +50,8 @@ class Dataset
 };
 
 /// Decodes an image file to (H, W, 3) uint8. Only a regular file of at most max_image_bytes is read, and
-/// never more than its checked size.
+/// never more than its checked size; a picture of more than max_image_pixels is refused before decoding; a
+/// file that does not decode (not an image, truncated, damaged) is an error saying so.
 inline at::Tensor load_image(const std::string& path)
 {
   const auto size = std::size_t(check_regular_file(path, max_image_bytes, "image"));
@@ -60,8 +61,16 @@ inline at::Tensor load_image(const std::string& path)
   const auto n = std::size_t(f.gcount());
   if (n > size) throw mpx::config_error("moondream: image " + path + " changed while read; is something writing it?");
   int w = 0, h = 0, c = 0;
+  const auto undecodable = [&] {
+    return mpx::config_error("moondream: cannot decode image " + path + " (stb_image: " + (stbi_failure_reason() ? stbi_failure_reason() : "unknown") +
+                             "): it is not a PNG, JPEG, BMP or GIF, or it is truncated or damaged; open it in an image viewer and save it again as PNG or JPEG");
+  };
+  if (!stbi_info_from_memory(bytes.data(), int(n), &w, &h, &c)) throw undecodable();
+  if (std::int64_t(w) * h > max_image_pixels)
+    throw mpx::config_error("moondream: image " + path + " is " + std::to_string(w) + " x " + std::to_string(h) + " pixels, more than " +
+                            std::to_string(max_image_pixels / 1'000'000) + " megapixels; scale it down first (the model sees it as a few crops of a few hundred pixels)");
   unsigned char* px = stbi_load_from_memory(bytes.data(), int(n), &w, &h, &c, 3);
-  if (!px) throw mpx::config_error("moondream: cannot decode image " + path + " (" + (stbi_failure_reason() ? stbi_failure_reason() : "unknown") + ")");
+  if (!px) throw undecodable();
   auto t = torch::from_blob(px, {h, w, 3}, torch::kByte).clone();
   stbi_image_free(px);
   return t;

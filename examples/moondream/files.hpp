@@ -17,6 +17,8 @@ namespace moondream
 
 /// Bounds on what a run reads: an image file, a data file, a tokenizer file, one line of a data file.
 inline constexpr std::uintmax_t max_image_bytes = std::uintmax_t(64) << 20;
+/// An image's pixels (a small file can declare a huge picture): 100 megapixels, 300 MB decoded.
+inline constexpr std::int64_t max_image_pixels = 100'000'000;
 inline constexpr std::uintmax_t max_data_bytes = std::uintmax_t(16) << 30;
 inline constexpr std::uintmax_t max_tokenizer_bytes = std::uintmax_t(256) << 20;
 inline constexpr std::size_t max_line_bytes = std::size_t(1) << 20;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tests for examples/moondream/data.hpp: the generated set (deterministic, balanced, disjoint held-out
-// split), JSONL/DOCCI loading with errors naming file and line, PNG round trip, collation.
+// split), JSONL/DOCCI loading with errors naming file and line, PNG round trip, supplied PNG/JPEG pictures
+// and bad ones (truncated, oversized, not an image), collation.
 #include "../../../tests/support/catch_torch.hpp"
 #include "../../../tests/support/scratch_dir.hpp"
 #include "../data.hpp"
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -87,6 +89,37 @@ TEST_CASE("JSONL and DOCCI lines load, PNG round trip, errors name file and line
   std::ofstream(dir + "/g.jsonl") << R"({"image": "garbage.png", "question": "q", "answer": "a"})" << "\n";
   moondream::JsonlVqa g(dir + "/g.jsonl");
   CHECK_THROWS_WITH(g.get(0), Catch::Contains("g.jsonl:1") && Catch::Contains("cannot decode image"));
+}
+
+TEST_CASE("Pictures a person supplies: PNG and JPEG decode, a truncated or oversized file or a non-image is an error saying so", "[moondream][data]")
+{
+  const auto dir = data_dir("supplied");
+  const auto picture = moondream::ShapesVqa(1, 1, 96).get(0).image;  // (96, 96, 3)
+  moondream::save_png(dir + "/p.png", picture);
+  auto c = picture.contiguous();
+  REQUIRE(stbi_write_jpg((dir + "/p.jpg").c_str(), 96, 96, 3, c.data_ptr<uint8_t>(), 95));
+  CHECK(torch::equal(moondream::load_image(dir + "/p.png"), picture));
+  const auto jpg = moondream::load_image(dir + "/p.jpg");
+  REQUIRE(jpg.sizes() == picture.sizes());
+  CHECK((jpg.to(torch::kFloat) - picture.to(torch::kFloat)).abs().mean().item<float>() < 8);  // lossy, close
+  auto truncated = [&](const std::string& name) {
+    std::ifstream in(dir + "/" + name, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(dir + "/cut_" + name, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+    return dir + "/cut_" + name;
+  };
+  CHECK_THROWS_WITH(moondream::load_image(truncated("p.jpg")),
+                    Catch::Contains("cannot decode image") && Catch::Contains("truncated") && Catch::Contains("save it again"));
+  CHECK_THROWS_WITH(moondream::load_image(truncated("p.png")),
+                    Catch::Contains("cannot decode image") && Catch::Contains("truncated") && Catch::Contains("save it again"));
+  std::ofstream(dir + "/text.jpg") << "plain text, not a picture\n";
+  CHECK_THROWS_WITH(moondream::load_image(dir + "/text.jpg"),
+                    Catch::Contains("cannot decode image") && Catch::Contains("truncated") && Catch::Contains("save it again"));
+  // a 70-byte PNG that declares 12,000 x 12,000 pixels (144 megapixels, within what stb_image itself would decode): refused before any decoding
+  std::string huge("\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR\0\0\x2e\xe0\0\0\x2e\xe0\x08\x02\0\0\0\0\0\0\0", 33);
+  huge += std::string(37, '\0');
+  std::ofstream(dir + "/huge.png", std::ios::binary) << huge;
+  CHECK_THROWS_WITH(moondream::load_image(dir + "/huge.png"), Catch::Contains("12000 x 12000 pixels") && Catch::Contains("scale it down"));
 }
 
 TEST_CASE("A FIFO as an image or a data file is an error within a second, never a hang", "[moondream][data]")
