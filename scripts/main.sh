@@ -6,16 +6,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${MPX_BUILD_DIR:-build}
+t0=$SECONDS
 bash scripts/install-deps.sh "$build/npm"
+t_install=$((SECONDS - t0))
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++ \
   -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 cmake --build "$build" -j "$(nproc)" --target moondream_train moondream_query
+t_build=$((SECONDS - t0 - t_install))
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1  # one intra-op thread per rank, one rank per core
 run="$build/moondream-demo"
 "$build/examples/moondream/moondream_train" --save "$run" "$@"
+t_train=$((SECONDS - t0 - t_install - t_build))
 for n in 0 1 2; do
   "$build/examples/moondream/moondream_query" --weights "$run/model" --generated $n \
     -q "What color is the shape?" -q "What shape is it?" -q "Is the shape on the left or the right?" \
     -q "Describe the shape." -q "How many shapes are there?"
 done
+echo "main job: install ${t_install} s, build ${t_build} s, train ${t_train} s, queries $((SECONDS - t0 - t_install - t_build - t_train)) s;" \
+  "loss curve $run/loss.svg, metrics $run/metrics.jsonl, model $run/model"
