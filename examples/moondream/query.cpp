@@ -4,6 +4,7 @@
 //
 //   moondream_query --weights runs/demo/model --image photo.png --question "What color is the shape?"
 //   moondream_query --config md2 --weights model.safetensors --tokenizer tokenizer.json --image cat.jpg -q "What is this?"
+//   moondream_query --weights runs/demo/model --generated 1      (the questions that fit held-out picture 1)
 #include "data.hpp"
 #include "model.hpp"
 #include "tokenizer.hpp"
@@ -12,6 +13,18 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+
+namespace
+{
+/// The questions a generated picture answers: a counting picture (1–3 shapes anywhere) only how many; a
+/// picture of one shape in the left or right third also its colour, kind and side (data.hpp, ShapesVqa).
+std::vector<std::string> fitting_questions(const moondream::Sample& s)
+{
+  if (s.kind == "count") return {"How many shapes are there?"};
+  return {"What color is the shape?", "What shape is it?", "Is the shape on the left or the right?", "Describe the shape.",
+          "How many shapes are there?"};
+}
+}  // namespace
 
 int main(int argc, char** argv)
 {
@@ -24,7 +37,8 @@ int main(int argc, char** argv)
   app.add_option("--tokenizer", tokenizer)->capture_default_str();
   auto* img = app.add_option("--image", image, "PNG/JPEG/... file");
   app.add_option("--generated", generated, "instead of --image: held-out picture N of the generated set (seed 1, as moondream_train)");
-  app.add_option("-q,--question", questions, "one or more questions (each reuses the image's cache)")->required();
+  app.add_option("-q,--question", questions,
+                 "one or more questions (each reuses the image's cache); with --generated and none, the questions that fit that picture");
   app.add_option("--max-tokens", max_tokens)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
@@ -40,11 +54,13 @@ int main(int argc, char** argv)
       auto s = held.get(std::size_t(generated));
       pixels = s.image;
       std::cout << "image: generated held-out #" << generated << " (reference answer to \"" << s.question << "\": " << s.answer << ")\n";
+      if (questions.empty()) questions = fitting_questions(s);
     } else if (*img) {
       pixels = moondream::load_image(image);
     } else {
       throw mpx::config_error("moondream_query: pass --image FILE or --generated N");
     }
+    if (questions.empty()) throw mpx::config_error("moondream_query: ask something: -q \"What color is the shape?\"");
     auto crops = moondream::overlap_crops(pixels, c.vision);
     auto cache = m->encode_image(moondream::normalize(crops.pixels).unsqueeze(0), torch::tensor({int64_t(crops.rows), int64_t(crops.cols)}).view({1, 2}));
     for (auto& q : questions) {
