@@ -21,7 +21,8 @@
 #   errors:   bad input stops with a message that names the fix
 #   torchrun: the 2-stage pipeline started by torchrun (its default rendezvous: the agent's store; $TORCHRUN,
 #             default torchrun) repeats the self-launched run's losses and weights
-#   demo:     the main job, short: trains from scratch on 2 ranks, then moondream_query answers
+#   demo:     the main job, short: trains from scratch on 2 ranks, then moondream_query answers (a held-out
+#             picture's fitting questions; a PIL-drawn PNG and JPEG; a truncated JPEG is refused, named)
 # Usage: train_checks.sh CHECK MOONDREAM_TRAIN WORKDIR [MOONDREAM_QUERY]
 set -euo pipefail
 check=$1 train=$2 work=$3/$1 query=${4:-}
@@ -379,6 +380,27 @@ PY
     grep -q ">held-out accuracy before training: " "$work/run/loss.svg" && grep -q ">held-out accuracy after training: " "$work/run/loss.svg"
     "$query" --weights "$work/run/model" --generated 0 -q "What color is the shape?" -q "How many shapes are there?" | tee "$work/query"
     grep -q "^A:" "$work/query"
+    "$query" --weights "$work/run/model" --generated 1 | tee "$work/query_fit"  # a counting picture: only how many
+    [ "$(grep -c "^Q:" "$work/query_fit")" = 1 ] && grep -q "^Q: How many shapes are there?" "$work/query_fit"
+    # a picture a person supplies, drawn with another library (PIL), as PNG and JPEG; a truncated JPEG is an error saying so
+    /usr/bin/python3 - "$work" <<'PY'
+import sys
+from PIL import Image, ImageDraw
+im = Image.new("RGB", (240, 180), "white")
+ImageDraw.Draw(im).ellipse((20, 60, 80, 120), fill=(220, 30, 30))
+im.save(sys.argv[1] + "/mine.png")
+im.save(sys.argv[1] + "/mine.jpg", quality=90)
+data = open(sys.argv[1] + "/mine.jpg", "rb").read()
+open(sys.argv[1] + "/cut.jpg", "wb").write(data[: len(data) // 2])
+PY
+    for f in mine.png mine.jpg; do
+      "$query" --weights "$work/run/model" --image "$work/$f" -q "What color is the shape?" | tee "$work/query_$f"
+      grep -q "^A:" "$work/query_$f"
+    done
+    if "$query" --weights "$work/run/model" --image "$work/cut.jpg" -q "What color is the shape?" > "$work/query_cut" 2>&1; then
+      echo "a truncated JPEG was answered, not refused"; exit 1
+    fi
+    grep "cannot decode image" "$work/query_cut" && grep -q "truncated" "$work/query_cut"
     echo "moondream demo: ok"
     ;;
   *) echo "unknown check $check"; exit 2 ;;
