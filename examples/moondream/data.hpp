@@ -95,6 +95,12 @@ class ShapesVqa : public Dataset
   static constexpr const char* colors[] = {"red", "green", "blue", "yellow"};
   static constexpr const char* shapes[] = {"circle", "square", "triangle"};
   static constexpr const char* counts[] = {"one", "two", "three"};
+  /// The questions about a picture of one shape, by kind ("color", "shape", "position", "describe"), and the one
+  /// about a counting picture.
+  static constexpr const char* one_shape_kinds[] = {"color", "shape", "position", "describe"};
+  static constexpr const char* one_shape_questions[] = {"What color is the shape?", "What shape is it?",
+                                                        "Is the shape on the left or the right?", "Describe the shape."};
+  static constexpr const char* count_question = "How many shapes are there?";
 
   ShapesVqa(std::size_t n, std::uint64_t seed, int image_size) : n_(n), seed_(seed), size_(image_size) {}
   std::size_t size() const override { return n_; }
@@ -125,17 +131,14 @@ class ShapesVqa : public Dataset
     if (kind == 4) {
       place(uni(1, 3), 0, S);
       s.kind = "count";
-      s.question = "How many shapes are there?";
+      s.question = count_question;
       s.answer = counts[objs.size() - 1];
     } else {
       const bool left = uni(0, 1) == 0;
       place(1, left ? 0 : S - S / 3, left ? S / 3 : S);
       const std::string color = colors[objs[0].color], shape = shapes[objs[0].shape], side = left ? "left" : "right";
-      static const char* const kinds[] = {"color", "shape", "position", "describe"};
-      static const char* const questions[] = {"What color is the shape?", "What shape is it?", "Is the shape on the left or the right?",
-                                              "Describe the shape."};
-      s.kind = kinds[kind];
-      s.question = questions[kind];
+      s.kind = one_shape_kinds[kind];
+      s.question = one_shape_questions[kind];
       s.answer = kind == 0 ? color : kind == 1 ? shape : kind == 2 ? side : color + " " + shape + " on the " + side;
     }
     static const uint8_t rgb[4][3] = {{220, 30, 30}, {30, 170, 40}, {30, 60, 220}, {235, 200, 20}};

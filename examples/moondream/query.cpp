@@ -20,9 +20,11 @@ namespace
 /// picture of one shape in the left or right third also its colour, kind and side (data.hpp, ShapesVqa).
 std::vector<std::string> fitting_questions(const moondream::Sample& s)
 {
-  if (s.kind == "count") return {"How many shapes are there?"};
-  return {"What color is the shape?", "What shape is it?", "Is the shape on the left or the right?", "Describe the shape.",
-          "How many shapes are there?"};
+  using G = moondream::ShapesVqa;
+  if (s.kind == "count") return {G::count_question};
+  std::vector<std::string> q(std::begin(G::one_shape_questions), std::end(G::one_shape_questions));
+  q.push_back(G::count_question);
+  return q;
 }
 }  // namespace
 

@@ -374,6 +374,7 @@ PY
   demo)
     "$train" --steps 40 --eval-samples 40 --save "$work/run" --log-every 10 | tee "$work/log"
     grep -q "held-out accuracy after training" "$work/log"
+    grep "held-out accuracy after training" "$work/log" | grep -Eq "; consistency [0-9]+/[0-9]+ "  # the answers about one picture agree
     test -s "$work/run/metrics.jsonl" && test -s "$work/run/loss.svg" && test -f "$work/run/checkpoint/latest"
     # the plot: labelled axes and the held-out accuracy under it
     grep -q ">optimizer step<" "$work/run/loss.svg" && grep -q ">training loss (answer tokens, cross-entropy)<" "$work/run/loss.svg"
