@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// @file examples/moondream/data.hpp
-/// Data for the moondream example:
-/// - `ShapesVqa`: the embedded default, generated visual questions about shapes (colour, kind, count,
-///   position), deterministic by seed and index, with a disjoint held-out split;
+/// Data for the moondream example (the generated default, `ShapesVqa`, is shapes.hpp):
+/// - `Sample`, `Dataset`: a picture with its question and answer, and a set of them;
+/// - `load_image`, `save_png`: pictures from and to files;
 /// - `JsonlVqa`: real data, JSONL lines of {"image", "question", "answer"} or DOCCI-style {"image",
 ///   "description"} (asked as "Describe this image."), image paths relative to the file; a malformed line
 ///   or a missing image is an error naming file and line;
@@ -25,7 +25,6 @@
 
 #include <filesystem>  // std::filesystem
 #include <fstream>     // std::ifstream
-#include <random>      // std::mt19937_64
 #include <string>      // std::string
 #include <vector>      // std::vector
 
@@ -82,86 +81,6 @@ inline void save_png(const std::string& path, const at::Tensor& img_HWC)
   if (!stbi_write_png(path.c_str(), int(c.size(1)), int(c.size(0)), 3, c.data_ptr<uint8_t>(), int(c.size(1)) * 3))
     throw mpx::config_error("moondream: cannot write " + path);
 }
-
-/// Generated visual questions, sized so that a from-scratch tiny model learns them in minutes on CPU.
-/// Kinds, a fifth each: "color" (what colour), "shape" (which kind), "position" (left or right) and
-/// "describe" (all three: "red circle on the left") about one shape in the left or right third; "count"
-/// (how many, 1–3 shapes of one size). The descriptions teach every attribute from every one-shape
-/// picture; the short questions teach which attribute a question asks for. Within an image all shapes
-/// have one radius (S/7 to S/6), so counting needs no size invariance.
-class ShapesVqa : public Dataset
-{
- public:
-  static constexpr const char* colors[] = {"red", "green", "blue", "yellow"};
-  static constexpr const char* shapes[] = {"circle", "square", "triangle"};
-  static constexpr const char* counts[] = {"one", "two", "three"};
-  /// The questions about a picture of one shape, by kind ("color", "shape", "position", "describe"), and the one
-  /// about a counting picture.
-  static constexpr const char* one_shape_kinds[] = {"color", "shape", "position", "describe"};
-  static constexpr const char* one_shape_questions[] = {"What color is the shape?", "What shape is it?",
-                                                        "Is the shape on the left or the right?", "Describe the shape."};
-  static constexpr const char* count_question = "How many shapes are there?";
-
-  ShapesVqa(std::size_t n, std::uint64_t seed, int image_size) : n_(n), seed_(seed), size_(image_size) {}
-  std::size_t size() const override { return n_; }
-
-  Sample get(std::size_t i) const override
-  {
-    std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull + 1);
-    auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };  // [lo, hi]
-    const int S = size_;
-    auto img = torch::empty({S, S, 3}, torch::kByte);
-    {  // light background with a little noise
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(rng());
-      img.copy_(torch::randint(200, 236, {S, S, 3}, gen, torch::kLong).to(torch::kByte));
-    }
-    const int kind = uni(0, 4);
-    Sample s;
-    struct Obj { int cx, cy, r, shape, color; };
-    std::vector<Obj> objs;
-    const int r = uni(std::max(3, S / 7), std::max(3, S / 6));
-    auto place = [&](int n, int x_lo, int x_hi) {  // non-overlapping shapes with centres x in [x_lo, x_hi]
-      for (int tries = 0; int(objs.size()) < n && tries < 1000; ++tries) {
-        Obj o{uni(std::max(r, x_lo), std::min(S - 1 - r, x_hi)), uni(r, S - 1 - r), r, uni(0, 2), uni(0, 3)};
-        bool ok = true;
-        for (auto& p : objs) ok = ok && (std::hypot(p.cx - o.cx, p.cy - o.cy) > p.r + o.r + 2);
-        if (ok) objs.push_back(o);
-      }
-    };
-    if (kind == 4) {
-      place(uni(1, 3), 0, S);
-      s.kind = "count";
-      s.question = count_question;
-      s.answer = counts[objs.size() - 1];
-    } else {
-      const bool left = uni(0, 1) == 0;
-      place(1, left ? 0 : S - S / 3, left ? S / 3 : S);
-      const std::string color = colors[objs[0].color], shape = shapes[objs[0].shape], side = left ? "left" : "right";
-      s.kind = one_shape_kinds[kind];
-      s.question = one_shape_questions[kind];
-      s.answer = kind == 0 ? color : kind == 1 ? shape : kind == 2 ? side : color + " " + shape + " on the " + side;
-    }
-    static const uint8_t rgb[4][3] = {{220, 30, 30}, {30, 170, 40}, {30, 60, 220}, {235, 200, 20}};
-    auto a = img.accessor<uint8_t, 3>();
-    for (auto& o : objs)
-      for (int y = std::max(0, o.cy - o.r); y <= std::min(S - 1, o.cy + o.r); ++y)
-        for (int x = std::max(0, o.cx - o.r); x <= std::min(S - 1, o.cx + o.r); ++x) {
-          const int dx = x - o.cx, dy = y - o.cy;
-          bool in = o.shape == 0 ? dx * dx + dy * dy <= o.r * o.r
-                    : o.shape == 1 ? std::abs(dx) <= o.r * 4 / 5 && std::abs(dy) <= o.r * 4 / 5
-                                   : 2 * std::abs(dx) <= (dy + o.r);  // apex up, base at cy + r
-          if (in)
-            for (int ch = 0; ch < 3; ++ch) a[y][x][ch] = rgb[o.color][ch];
-        }
-    s.image = img;
-    return s;
-  }
-
- private:
-  std::size_t n_;
-  std::uint64_t seed_;
-  int size_;
-};
 
 /// JSONL of {"image", "question", "answer"} or {"image", "description"}; images relative to the file.
 class JsonlVqa : public Dataset

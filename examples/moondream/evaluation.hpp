@@ -8,6 +8,7 @@
 
 #include "data.hpp"       // moondream::Dataset, collate, prompt_ids
 #include "model.hpp"      // moondream::Moondream
+#include "shapes.hpp"     // moondream::ShapesVqa (consistency)
 #include "tokenizer.hpp"  // moondream::Tokenizer
 
 #include <fmt/format.h>  // fmt::format

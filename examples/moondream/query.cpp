@@ -7,6 +7,7 @@
 //   moondream_query --weights runs/demo/model --generated 1      (the questions that fit held-out picture 1)
 #include "data.hpp"
 #include "model.hpp"
+#include "shapes.hpp"
 #include "tokenizer.hpp"
 #include "weights.hpp"
 
@@ -17,7 +18,7 @@
 namespace
 {
 /// The questions a generated picture answers: a counting picture (1–3 shapes anywhere) only how many; a
-/// picture of one shape in the left or right third also its colour, kind and side (data.hpp, ShapesVqa).
+/// picture of one shape on one side also its colour, kind and side (shapes.hpp, ShapesVqa).
 std::vector<std::string> fitting_questions(const moondream::Sample& s)
 {
   using G = moondream::ShapesVqa;

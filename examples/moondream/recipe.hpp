@@ -6,7 +6,8 @@
 /// from the same weights) with the answer prior, which samples each step trains on, the learning-rate
 /// schedule and the optimizer.
 
-#include "data.hpp"       // moondream::ShapesVqa, JsonlVqa, collate
+#include "data.hpp"       // moondream::JsonlVqa, collate
+#include "shapes.hpp"     // moondream::ShapesVqa, kind_weights
 #include "layouts.hpp"    // MOONDREAM_MICROBATCHES
 #include "model.hpp"      // moondream::Config, Batch
 #include "tokenizer.hpp"  // moondream::Tokenizer
@@ -54,6 +55,7 @@ struct Options
   std::string checkpoint_checksums = "on";  ///< XXH3-64 of every checkpoint file, verified on load
   long eval_samples = 200, train_samples = 20000;
   int image_size = 0;             ///< generated images: 0 = the config's crop size
+  std::string kinds = "color,shape,position,describe,count";  ///< generated questions: kinds asked, each optionally =weight
   std::uint64_t seed = 1;
   std::string metrics, plot;      ///< default: <save>/metrics.jsonl, <save>/loss.svg
   int timeout_s = 120;
@@ -88,7 +90,7 @@ inline std::string file_identity(const std::string& path)
 inline mpx::RunSettings run_settings(const Options& o)
 {
   const std::string data = o.data == "generated"
-                               ? fmt::format("generated: {} samples, {} held out, image size {}", o.train_samples, o.eval_samples, o.image_size)
+                               ? fmt::format("generated: {} samples, {} held out, image size {}, kinds {}", o.train_samples, o.eval_samples, o.image_size, o.kinds)
                                : file_identity(o.data);
   return {{"config", file_identity(o.config)}, {"weights", file_identity(o.weights)}, {"tokenizer", o.tokenizer},
           {"data", data}, {"eval-data", file_identity(o.eval_data)}, {"microbatch-size", std::to_string(o.microbatch_size)},
@@ -110,8 +112,9 @@ inline Data make_data(const Options& o, const Config& c)
   Data d;
   if (o.data == "generated") {
     const int size = o.image_size > 0 ? o.image_size : c.vision.crop_size;
-    d.train = std::make_unique<ShapesVqa>(std::size_t(o.train_samples), o.seed, size);
-    d.eval = std::make_unique<ShapesVqa>(std::size_t(o.eval_samples), o.seed + 1000003, size);  // another seed: disjoint
+    const auto weights = kind_weights(o.kinds);
+    d.train = std::make_unique<ShapesVqa>(std::size_t(o.train_samples), o.seed, size, weights);
+    d.eval = std::make_unique<ShapesVqa>(std::size_t(o.eval_samples), o.seed + 1000003, size, weights);  // another seed: disjoint
   } else {
     d.train = std::make_unique<JsonlVqa>(o.data);
     if (!o.eval_data.empty()) d.eval = std::make_unique<JsonlVqa>(o.eval_data);

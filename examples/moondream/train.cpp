@@ -68,6 +68,7 @@ int main(int argc, char** argv)
   app.add_option("--eval-samples", o.eval_samples, "held-out questions answered before and after training")->capture_default_str();
   app.add_option("--train-samples", o.train_samples, "size of the generated training set")->capture_default_str();
   app.add_option("--image-size", o.image_size, "generated image side in pixels (default: the config's crop size)");
+  app.add_option("--kinds", o.kinds, "generated questions: the kinds asked, each optionally =weight (e.g. position=3,color=1)")->capture_default_str();
   app.add_option("--seed", o.seed)->capture_default_str();
   app.add_option("--metrics", o.metrics, "metrics JSONL (default <save>/metrics.jsonl)");
   app.add_option("--plot", o.plot, "loss curve SVG (default <save>/loss.svg)");

@@ -1,65 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests for examples/moondream/data.hpp: the generated set (deterministic, balanced, disjoint held-out
-// split), JSONL/DOCCI loading with errors naming file and line, PNG round trip, supplied PNG/JPEG pictures
+// Tests for examples/moondream/data.hpp: JSONL/DOCCI loading with errors naming file and line, PNG round trip, supplied PNG/JPEG pictures
 // and bad ones (truncated, oversized, not an image), collation.
 #include "../../../tests/support/catch_torch.hpp"
 #include "../../../tests/support/scratch_dir.hpp"
 #include "../data.hpp"
+#include "../shapes.hpp"  // pictures to save and load
 
 #include <sys/stat.h>  // mkfifo
 
-#include <array>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <map>
-#include <set>
 
 namespace
 {
 std::string data_dir(const std::string& name) { return test::scratch_dir("moondream_data_" + name); }
 }  // namespace
-
-TEST_CASE("Generated set: deterministic by seed and index, every kind present, answers match pixels", "[moondream][data]")
-{
-  moondream::ShapesVqa a(400, 7, 112), b(400, 7, 112), held(400, 8, 112);
-  std::map<std::string, std::set<std::string>> answers;  // kind -> answers seen
-  int same_as_heldout = 0;
-  static const std::map<std::string, std::array<int, 3>> rgb = {
-      {"red", {220, 30, 30}}, {"green", {30, 170, 40}}, {"blue", {30, 60, 220}}, {"yellow", {235, 200, 20}}};
-  for (std::size_t i = 0; i < 400; ++i) {
-    auto s = a.get(i), t = b.get(i);
-    CHECK(torch::equal(s.image, t.image));
-    CHECK(s.question == t.question);
-    same_as_heldout += torch::equal(s.image, held.get(i).image);
-    answers[s.kind].insert(s.answer);
-    CHECK(s.image.sizes() == torch::IntArrayRef({112, 112, 3}));
-    // pixels of the shape: any of the four colours
-    auto shape_px = torch::zeros({112, 112}, torch::kBool);
-    for (auto& [name, c] : rgb)
-      shape_px |= (s.image.select(2, 0) == c[0]).logical_and(s.image.select(2, 1) == c[1]).logical_and(s.image.select(2, 2) == c[2]);
-    if (s.kind == "color" || s.kind == "describe") {  // the named colour's pixels are there
-      const std::string colour = s.answer.substr(0, s.answer.find(' '));
-      auto c = rgb.at(colour);
-      auto hit = (s.image.select(2, 0) == c[0]).logical_and(s.image.select(2, 1) == c[1]).logical_and(s.image.select(2, 2) == c[2]);
-      CHECK(hit.sum().item<int64_t>() > 100);
-    }
-    if (s.kind == "position" || s.kind == "describe") {  // every shape pixel lies in the named third
-      const bool left = s.answer.ends_with("left");
-      CHECK(shape_px.narrow(1, left ? 112 / 2 : 0, 112 / 2).sum().item<int64_t>() == 0);
-      CHECK(shape_px.sum().item<int64_t>() > 100);
-    }
-  }
-  CHECK(same_as_heldout == 0);
-  REQUIRE(answers.size() == 5);
-  CHECK(answers["color"] == std::set<std::string>{"red", "green", "blue", "yellow"});
-  CHECK(answers["shape"] == std::set<std::string>{"circle", "square", "triangle"});
-  CHECK(answers["count"] == std::set<std::string>{"one", "two", "three"});
-  CHECK(answers["position"] == std::set<std::string>{"left", "right"});
-  CHECK(answers["describe"].size() > 12);  // "<colour> <shape> on the <side>": 24 possible
-  CHECK(answers["describe"].count("red circle on the left") + answers["describe"].count("blue square on the right") > 0);
-}
 
 TEST_CASE("JSONL and DOCCI lines load, PNG round trip, errors name file and line", "[moondream][data]")
 {

@@ -11,6 +11,7 @@
 #include "../../../tests/support/catch_torch.hpp"
 #include "../../../tests/support/scratch_dir.hpp"
 #include "../data.hpp"
+#include "../shapes.hpp"
 
 #include <sys/stat.h>  // mkfifo
 
