@@ -66,7 +66,7 @@ TEST_CASE("Generated set: deterministic by seed and index, every kind present, a
 }
 
 
-TEST_CASE("Generated set: --kinds picks the kinds asked and how often; a bad spec names the fix", "[moondream][data]")
+TEST_CASE("Generated set: --kinds picks the kinds asked and how often and a bad spec names the fix", "[moondream][data]")
 {
   using moondream::kind_weights;
   CHECK(kind_weights("color,shape,position,describe,count") == moondream::ShapesVqa::KindWeights{1, 1, 1, 1, 1});
