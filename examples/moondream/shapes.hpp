@@ -28,7 +28,7 @@ namespace moondream
 /// of the picture; "count"
 /// (how many, 1–3 shapes of one size). The descriptions teach every attribute from every one-shape
 /// picture; the short questions teach which attribute a question asks for.
-/// The pictures vary as pictures a person draws do (`Look`): the background (light noise, a plain light
+/// The pictures vary as pictures a person draws do (`background`, `look`): the background (light noise, a plain light
 /// tint, white), each shape's colour around its named one, an outline or none, the size of the shapes
 /// (a radius of an eighth to a fifth of the picture's shorter side; within a picture one size, so counting needs no
 /// size invariance) and, for one picture in four, a larger picture of another aspect ratio (up to twice
@@ -39,9 +39,8 @@ class ShapesVqa : public Dataset
   static constexpr const char* colors[] = {"red", "green", "blue", "yellow"};
   static constexpr const char* shapes[] = {"circle", "square", "triangle"};
   static constexpr const char* counts[] = {"one", "two", "three"};
-  /// The questions about a picture of one shape, by kind ("color", "shape", "position", "describe"), and the one
-  /// about a counting picture.
-  static constexpr const char* one_shape_kinds[] = {"color", "shape", "position", "describe"};
+  /// The questions about a picture of one shape, by kind (the first four of `kinds`), and the one about a
+  /// counting picture.
   static constexpr const char* one_shape_questions[] = {"What color is the shape?", "What shape is it?",
                                                         "Is the shape on the left or the right?", "Describe the shape."};
   static constexpr const char* count_question = "How many shapes are there?";
@@ -90,9 +89,9 @@ class ShapesVqa : public Dataset
       }
     };
     Sample s;
+    s.kind = kinds[kind];
     if (kind == 4) {
       place(uni(1, 3), 0, W);
-      s.kind = "count";
       s.question = count_question;
       s.answer = counts[objs.size() - 1];
     } else {
@@ -100,7 +99,6 @@ class ShapesVqa : public Dataset
       const int clear = W * 45 / 100;  // the shape lies wholly in the left or right 45%, clear of the middle
       place(1, left ? 0 : W - clear + r, left ? clear - 1 - r : W);
       const std::string color = colors[objs[0].color], shape = shapes[objs[0].kind], side = left ? "left" : "right";
-      s.kind = one_shape_kinds[kind];
       s.question = one_shape_questions[kind];
       s.answer = kind == 0 ? color : kind == 1 ? shape : kind == 2 ? side : color + " " + shape + " on the " + side;
     }
