@@ -32,46 +32,43 @@ inline std::string pad(std::string s, std::size_t w)
   return s;
 }
 
-template <class S>
-std::string policy_list()
+/// What `print<P>` shows of one stage.
+struct StageSummary
 {
-  std::string out;
-  auto add = [&](std::string_view x) {
-    if (!out.empty()) out += ' ';
-    out += x;
+  int slot = 0;
+  std::string device, module, boundary;  // "CPU<0>", the module's name, "input -> output"
+  bool frozen = false, checkpointed = false, has_layers = false;
+  std::string_view optimizer, precision, wire;  // empty: none (FP32 for the precision)
+  int tensor_parallel = 1, layer_begin = 0, layer_end = 0;  // layer_end: -1 for mpx::to_end
+  std::vector<std::string_view> reads;
+};
+
+/// What `print<P>` shows of pipeline P: built by `summary<P>()`, written by `print_pipeline`, compiled once
+/// under `mpx::compiled`.
+struct PipelineSummary
+{
+  enum class Published
+  {
+    none,
+    flat,         // GPipe, 1F1B: (p-1)/(m+p-1)
+    interleaved,  // (p-1)/(v*m+p-1)
+    zbh1,         // (p-1)/(3m+p-1)
   };
-  if (S::frozen) add("Frozen");
-  if (S::checkpointed) add("Checkpointed");
-  if constexpr (!std::is_void_v<typename S::optimizer>) add("Optimizer<" + std::string(S::optimizer::name) + ">");
-  if constexpr (!std::is_same_v<typename S::precision, FP32>) add("Precision<" + std::string(S::precision::name) + ">");
-  if constexpr (!std::is_void_v<typename S::wire>) add("Wire<" + std::string(S::wire::name) + ">");
-  if (S::tensor_parallel > 1) add("TP<" + std::to_string(S::tensor_parallel) + ">");
-  if (S::has_layers)
-    add("Layers<" + std::to_string(S::layer_begin) + "," + (S::layer_end == to_end ? std::string("end") : std::to_string(S::layer_end)) + ">");
-  for (std::size_t f = 0; f < S::reads::size; ++f) add("Reads:" + std::string(S::reads::fields[f]));
-  return out.empty() ? "-" : out;
-}
+  int stages = 0, slots = 0, microbatches = 0, chunks = 1, forward_only = 0;
+  std::string_view schedule;
+  bool proved_at_compile_time = false;
+  Published published = Published::none;
+  std::vector<StageSummary> rows;
+  bool costs = false;               // declared costs, proved at compile time: the lines below
+  std::vector<std::int64_t> load;   // each slot's declared cost per micro-batch (forward + backward)
+  std::int64_t predicted_makespan = 0;
+  double predicted_bubble = 0;
+  TableView table;
+};
+
+MPX_DECL std::ostream& print_pipeline(std::ostream& os, const PipelineSummary& p);
 }  // namespace detail
 
-namespace detail
-{
-/// Each slot's declared load per micro-batch and the predicted step under the schedule (balance.hpp).
-template <class P>
-void print_costs(std::ostream& os)
-{
-  std::vector<std::int64_t> load(std::size_t(P::num_slots), 0);
-  std::int64_t most = 0;
-  for (int s = 0; s < P::num_stages; ++s)
-    load[std::size_t(P::slots[s])] += P::stage_costs.forward[std::size_t(s)] + (P::layout.trains(s) ? P::stage_costs.backward[std::size_t(s)] : 0);
-  os << "declared cost per micro-batch (forward + backward):";
-  for (int q = 0; q < P::num_slots; ++q) {
-    os << (q ? ", " : " ") << "slot " << q << ' ' << load[std::size_t(q)];
-    most = load[std::size_t(q)] > most ? load[std::size_t(q)] : most;
-  }
-  os << "\npredicted step " << P::predicted.makespan << " (the busiest slot's work " << most * P::num_microbatches << "), bubble "
-     << int(P::predicted.bubble() * 1000 + 0.5) / 10.0 << "%\n";
-}
-}  // namespace detail
 
 /// Writes each rank's expected timeline (one column per time unit; `.` idle). A failed proof is printed
 /// instead, with its location.
@@ -138,53 +135,64 @@ struct printer
 template <PipelineType P>
 inline constexpr printer<P> print{};
 
+namespace detail
+{
+template <class S>
+StageSummary stage_summary()
+{
+  StageSummary x;
+  x.slot = S::slot;
+  x.frozen = S::frozen, x.checkpointed = S::checkpointed, x.has_layers = S::has_layers;
+  if constexpr (!std::is_void_v<typename S::optimizer>) x.optimizer = S::optimizer::name;
+  if constexpr (!std::is_same_v<typename S::precision, FP32>) x.precision = S::precision::name;
+  if constexpr (!std::is_void_v<typename S::wire>) x.wire = S::wire::name;
+  x.tensor_parallel = S::tensor_parallel;
+  x.layer_begin = S::has_layers ? S::layer_begin : 0;
+  x.layer_end = S::has_layers ? (S::layer_end == to_end ? -1 : S::layer_end) : 0;
+  for (std::size_t f = 0; f < S::reads::size; ++f) x.reads.push_back(S::reads::fields[f]);
+  return x;
+}
+
+template <PipelineType P>
+PipelineSummary summary()
+{
+  using Tag = typename P::schedule;
+  PipelineSummary p;
+  p.stages = P::num_stages, p.slots = P::num_slots, p.microbatches = P::num_microbatches, p.chunks = P::num_chunks;
+  p.forward_only = P::forward_only_stages;
+  p.schedule = Tag::name;
+  p.proved_at_compile_time = P::proved_at_compile_time;
+  if constexpr (std::is_same_v<Tag, GPipe> || std::is_same_v<Tag, OneFOneB>) p.published = PipelineSummary::Published::flat;
+  else if constexpr (std::is_same_v<Tag, Interleaved1F1B>) p.published = PipelineSummary::Published::interleaved;
+  else if constexpr (std::is_same_v<Tag, ZBH1>) p.published = PipelineSummary::Published::zbh1;
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (p.rows.push_back([] {
+      using S = typename P::template stage<int(I)>;
+      StageSummary x = stage_summary<S>();
+      x.device = std::string(device_traits<typename S::device>::name) + "<" + std::to_string(P::slots[I]) + ">";
+      x.module = std::string(S::traits::name);
+      x.boundary = std::string(type_name<typename P::template input_of<int(I)>>()) + " -> " +
+                   std::string(type_name<typename P::template output_of<int(I)>>());
+      return x;
+    }()), ...);
+  }(std::make_index_sequence<std::size_t(P::num_stages)>{});
+  if constexpr (P::declares_costs && P::proved_at_compile_time) {
+    p.costs = true;
+    p.load.assign(std::size_t(P::num_slots), 0);
+    for (int s = 0; s < P::num_stages; ++s)
+      p.load[std::size_t(P::slots[s])] += P::stage_costs.forward[std::size_t(s)] + (P::layout.trains(s) ? P::stage_costs.backward[std::size_t(s)] : 0);
+    p.predicted_makespan = P::predicted.makespan;
+    p.predicted_bubble = P::predicted.bubble();
+  }
+  p.table = table_view<P>();
+  return p;
+}
+}  // namespace detail
+
 template <PipelineType P>
 std::ostream& operator<<(std::ostream& os, printer<P>)
 {
-  using Tag = typename P::schedule;
-  os << "mpx::Pipeline: " << P::num_stages << " stages on " << P::num_slots << " slots, schedule " << Tag::name << ", "
-     << P::num_microbatches << " micro-batches, proved " << (P::proved_at_compile_time ? "at compile time" : "at start-up")
-     << "\n";
-  std::vector<std::vector<std::string>> rows{{"stage", "slot", "device", "module", "input -> output", "policies"}};
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (rows.push_back({std::to_string(I), std::to_string(P::slots[I]),
-                     std::string(device_traits<typename P::template stage<int(I)>::device>::name) + "<" +
-                         std::to_string(P::slots[I]) + ">",
-                     std::string(P::template stage<int(I)>::traits::name),
-                     std::string(detail::type_name<typename P::template input_of<int(I)>>()) + " -> " +
-                         std::string(detail::type_name<typename P::template output_of<int(I)>>()),
-                     detail::policy_list<typename P::template stage<int(I)>>()}),
-     ...);
-  }(std::make_index_sequence<std::size_t(P::num_stages)>{});
-  std::vector<std::size_t> w(rows[0].size(), 0);
-  for (auto& r : rows)
-    for (std::size_t c = 0; c < r.size(); ++c) w[c] = r[c].size() > w[c] ? r[c].size() : w[c];
-  for (auto& r : rows) {
-    os << " ";
-    for (std::size_t c = 0; c < r.size(); ++c) os << ' ' << detail::pad(r[c], c + 1 < r.size() ? w[c] : 0);
-    os << "\n";
-  }
-  const int p = P::num_slots, m = P::num_microbatches, v = P::num_chunks;
-  if constexpr (P::declares_costs && P::proved_at_compile_time) detail::print_costs<P>(os);
-  if constexpr (P::forward_only_stages > 0) {
-    os << "forward only: stage" << (P::forward_only_stages > 1 ? "s 0-" + std::to_string(P::forward_only_stages - 1) : std::string(" 0"))
-       << " (Frozen, nothing trainable before): no backward, no gradient messages, no activations kept\n";
-    if (P::forward_only_stages < P::num_stages) {
-      print_timeline(os, table_view<P>());
-      return os;  // the published formulas assume every stage runs a backward
-    }
-  }
-  if constexpr (std::is_same_v<Tag, GPipe> || std::is_same_v<Tag, OneFOneB>)
-    os << "published bubble (p-1)/(m+p-1) = " << int(1000.0 * (p - 1) / (m + p - 1) + 0.5) / 10.0 << "%\n";
-  else if constexpr (std::is_same_v<Tag, Interleaved1F1B>)
-    os << "published bubble (p-1)/(v*m+p-1) = " << int(1000.0 * (p - 1) / (v * m + p - 1) + 0.5) / 10.0 << "%\n";
-  else if constexpr (std::is_same_v<Tag, ZBH1>) {
-    os << "published ZB-H1 bubble, at best (p-1)/(3m+p-1) = " << int(1000.0 * (p - 1) / (3 * m + p - 1) + 0.5) / 10.0 << "%\n";
-    os << "split backward (I, W): by default kept only if measured faster than the whole backward in I over the first steps "
-          "(TrainOptions::split_backward = measure, or always / never; the trainer says which on rank 0)\n";
-  }
-  print_timeline(os, table_view<P>());
-  return os;
+  return detail::print_pipeline(os, detail::summary<P>());
 }
 
 }  // namespace mpx
@@ -194,5 +202,80 @@ std::ostream& operator<<(std::ostream& os, printer<P>)
 namespace mpx
 {
 MPX_DECL void print_timeline(std::ostream& os, const TableView& t, int max_units) { print_timeline<TableView>(os, t, max_units); }
+
+namespace detail
+{
+inline std::string policy_list(const StageSummary& s)
+{
+  std::string out;
+  auto add = [&](std::string_view x) {
+    if (!out.empty()) out += ' ';
+    out += x;
+  };
+  if (s.frozen) add("Frozen");
+  if (s.checkpointed) add("Checkpointed");
+  if (!s.optimizer.empty()) add("Optimizer<" + std::string(s.optimizer) + ">");
+  if (!s.precision.empty()) add("Precision<" + std::string(s.precision) + ">");
+  if (!s.wire.empty()) add("Wire<" + std::string(s.wire) + ">");
+  if (s.tensor_parallel > 1) add("TP<" + std::to_string(s.tensor_parallel) + ">");
+  if (s.has_layers) add("Layers<" + std::to_string(s.layer_begin) + "," + (s.layer_end < 0 ? std::string("end") : std::to_string(s.layer_end)) + ">");
+  for (auto f : s.reads) add("Reads:" + std::string(f));
+  return out.empty() ? "-" : out;
+}
+
+/// Each slot's declared load per micro-batch and the predicted step under the schedule (balance.hpp).
+inline void print_costs(std::ostream& os, const PipelineSummary& p)
+{
+  std::int64_t most = 0;
+  os << "declared cost per micro-batch (forward + backward):";
+  for (int q = 0; q < p.slots; ++q) {
+    os << (q ? ", " : " ") << "slot " << q << ' ' << p.load[std::size_t(q)];
+    most = p.load[std::size_t(q)] > most ? p.load[std::size_t(q)] : most;
+  }
+  os << "\npredicted step " << p.predicted_makespan << " (the busiest slot's work " << most * p.microbatches << "), bubble "
+     << int(p.predicted_bubble * 1000 + 0.5) / 10.0 << "%\n";
+}
+
+MPX_DECL std::ostream& print_pipeline(std::ostream& os, const PipelineSummary& p)
+{
+  os << "mpx::Pipeline: " << p.stages << " stages on " << p.slots << " slots, schedule " << p.schedule << ", " << p.microbatches
+     << " micro-batches, proved " << (p.proved_at_compile_time ? "at compile time" : "at start-up") << "\n";
+  std::vector<std::vector<std::string>> rows{{"stage", "slot", "device", "module", "input -> output", "policies"}};
+  for (std::size_t i = 0; i < p.rows.size(); ++i) {
+    const StageSummary& s = p.rows[i];
+    rows.push_back({std::to_string(i), std::to_string(s.slot), s.device, s.module, s.boundary, policy_list(s)});
+  }
+  std::vector<std::size_t> w(rows[0].size(), 0);
+  for (auto& r : rows)
+    for (std::size_t c = 0; c < r.size(); ++c) w[c] = r[c].size() > w[c] ? r[c].size() : w[c];
+  for (auto& r : rows) {
+    os << " ";
+    for (std::size_t c = 0; c < r.size(); ++c) os << ' ' << pad(r[c], c + 1 < r.size() ? w[c] : 0);
+    os << "\n";
+  }
+  const int q = p.slots, m = p.microbatches, v = p.chunks;
+  if (p.costs) print_costs(os, p);
+  if (p.forward_only > 0) {
+    os << "forward only: stage" << (p.forward_only > 1 ? "s 0-" + std::to_string(p.forward_only - 1) : std::string(" 0"))
+       << " (Frozen, nothing trainable before): no backward, no gradient messages, no activations kept\n";
+    if (p.forward_only < p.stages) {
+      print_timeline(os, p.table);
+      return os;  // the published formulas assume every stage runs a backward
+    }
+  }
+  using Published = PipelineSummary::Published;
+  if (p.published == Published::flat)
+    os << "published bubble (p-1)/(m+p-1) = " << int(1000.0 * (q - 1) / (m + q - 1) + 0.5) / 10.0 << "%\n";
+  else if (p.published == Published::interleaved)
+    os << "published bubble (p-1)/(v*m+p-1) = " << int(1000.0 * (q - 1) / (v * m + q - 1) + 0.5) / 10.0 << "%\n";
+  else if (p.published == Published::zbh1) {
+    os << "published ZB-H1 bubble, at best (p-1)/(3m+p-1) = " << int(1000.0 * (q - 1) / (3 * m + q - 1) + 0.5) / 10.0 << "%\n";
+    os << "split backward (I, W): by default kept only if measured faster than the whole backward in I over the first steps "
+          "(TrainOptions::split_backward = measure, or always / never; the trainer says which on rank 0)\n";
+  }
+  print_timeline(os, p.table);
+  return os;
+}
+}  // namespace detail
 }  // namespace mpx
 #endif

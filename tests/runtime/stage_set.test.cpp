@@ -25,8 +25,8 @@ TEST_CASE("A slot builds only its own stages, visit dispatches a run-time index 
   CHECK(!slot1.parameters(1).empty());
   CHECK(slot1.trainable(1).empty());  // Frozen
   CHECK_THROWS_WITH(slot1.module<0>(), Catch::Contains("stage 0 lives on slot 0") && Catch::Contains("holds(0)"));
-  CHECK(mpx::StageSet<P2FrozenBf16>::wire_dtype(1) == at::kBFloat16);
-  CHECK(mpx::StageSet<P2FrozenBf16>::wire_dtype(0) == at::kFloat);
+  CHECK(slot1.wire_dtype(1) == at::kBFloat16);
+  CHECK(slot1.wire_dtype(0) == at::kFloat);
   CHECK(slot1.input_boundary(1).names == std::vector<std::string>{"tensor"});
   int seen = -1, calls = 0;
   mpx::StageSet<P2FrozenBf16>::visit(1, [&](auto i) { seen = decltype(i)::value, ++calls; });

@@ -12,11 +12,10 @@
 
 #include <mpx/optim/adamw8bit.hpp>       // mpx::AdamW8bitOptimizer
 #include <mpx/optim/fused_adamw.hpp>     // mpx::FusedAdamW
-#include <mpx/optim/fused_adamw.hpp>     // mpx::FusedAdamW
-#include <mpx/pipeline.hpp>              // mpx::PipelineType
-#include <mpx/errors.hpp>        // mpx::config_error
+#include <mpx/errors.hpp>                // mpx::config_error
+#include <mpx/linkage.hpp>               // MPX_DECL, MPX_DEFINITIONS
 #include <mpx/runtime/options.hpp>       // mpx::TrainOptions
-#include <mpx/runtime/stage_set.hpp>     // mpx::StageSet
+#include <mpx/runtime/stage_set_base.hpp>  // mpx::StageSetBase
 
 #include <torch/torch.h>  // torch::optim, torch::serialize
 
@@ -32,17 +31,7 @@ class StageOptimizers
 {
  public:
   /// Builds the optimizers of `stages`' stages (see the file comment).
-  template <PipelineType P>
-  StageOptimizers(StageSet<P>& stages, const TrainOptions& o) : lr_scale_(o.lr_scale)
-  {
-    optimizers_.resize(P::num_stages);
-    params_.resize(P::num_stages);
-    for (int s = 0; s < P::num_stages; ++s) {
-      if (!stages.holds(s)) continue;
-      params_[std::size_t(s)] = stages.parameters(s);
-      StageSet<P>::visit(s, [&](auto i) { optimizers_[std::size_t(s)] = make<P, decltype(i)::value>(stages.trainable(s), o); });
-    }
-  }
+  MPX_DECL StageOptimizers(const StageSetBase& stages, const TrainOptions& o);
 
   /// Whether stage s has an optimizer on this rank.
   bool has(int s) const { return optimizers_.at(std::size_t(s)) != nullptr; }
@@ -102,22 +91,7 @@ class StageOptimizers
   }
 
  private:
-  template <PipelineType P, int I>
-  static std::unique_ptr<torch::optim::Optimizer> make(const std::vector<at::Tensor>& trainable, const TrainOptions& o)
-  {
-    using S = typename P::template stage<I>;
-    if (trainable.empty() || S::frozen) return nullptr;
-    if (o.make_optimizer)
-      if (auto custom = o.make_optimizer(I, trainable)) return custom;
-    using O = typename S::optimizer;
-    const auto adamw = torch::optim::AdamWOptions(o.lr.peak).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay);
-    if constexpr (std::is_same_v<O, SGD>)
-      return std::make_unique<torch::optim::SGD>(trainable, torch::optim::SGDOptions(o.lr.peak).momentum(o.momentum).weight_decay(o.weight_decay));
-    else if constexpr (std::is_same_v<O, AdamW8bit>)
-      return std::make_unique<AdamW8bitOptimizer>(trainable, adamw);
-    else  // AdamW, also the default for a trainable stage without an Optimizer policy
-      return std::make_unique<FusedAdamW>(trainable, adamw);
-  }
+  MPX_DECL static std::unique_ptr<torch::optim::Optimizer> make(int s, const StageSetBase& stages, const TrainOptions& o);
 
   std::vector<double> lr_scale_;
   std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers_;
@@ -125,3 +99,38 @@ class StageOptimizers
 };
 
 }  // namespace mpx
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
+namespace mpx
+{
+
+MPX_DECL StageOptimizers::StageOptimizers(const StageSetBase& stages, const TrainOptions& o) : lr_scale_(o.lr_scale)
+{
+  optimizers_.resize(std::size_t(stages.num_stages()));
+  params_.resize(std::size_t(stages.num_stages()));
+  for (int s = 0; s < stages.num_stages(); ++s) {
+    if (!stages.holds(s)) continue;
+    params_[std::size_t(s)] = stages.parameters(s);
+    optimizers_[std::size_t(s)] = make(s, stages, o);
+  }
+}
+
+MPX_DECL std::unique_ptr<torch::optim::Optimizer> StageOptimizers::make(int s, const StageSetBase& stages, const TrainOptions& o)
+{
+  const auto trainable = stages.trainable(s);
+  if (trainable.empty() || stages.frozen(s)) return nullptr;
+  if (o.make_optimizer)
+    if (auto custom = o.make_optimizer(s, trainable)) return custom;
+  const auto adamw = torch::optim::AdamWOptions(o.lr.peak).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay);
+  switch (stages.optimizer_kind(s)) {
+    case OptimizerKind::sgd:
+      return std::make_unique<torch::optim::SGD>(trainable, torch::optim::SGDOptions(o.lr.peak).momentum(o.momentum).weight_decay(o.weight_decay));
+    case OptimizerKind::adamw8bit: return std::make_unique<AdamW8bitOptimizer>(trainable, adamw);
+    case OptimizerKind::adamw: break;  // also the default for a trainable stage without an Optimizer policy
+  }
+  return std::make_unique<FusedAdamW>(trainable, adamw);
+}
+
+}  // namespace mpx
+#endif  // MPX_DEFINITIONS

@@ -15,12 +15,20 @@
 
 #include <nlohmann/json_fwd.hpp>  // nlohmann::json
 
+#include <chrono>    // std::chrono::steady_clock
 #include <ostream>   // std::ostream
 #include <string>    // std::string
 #include <vector>    // std::vector
 
 namespace mpx
 {
+
+namespace detail
+{
+/// A steady-clock span in seconds, and in whole microseconds (the trace's unit).
+inline double seconds_of(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+inline long micros_of(std::chrono::steady_clock::duration d) { return long(std::chrono::duration_cast<std::chrono::microseconds>(d).count()); }
+}  // namespace detail
 
 /// What the printed line says about the schedule.
 struct TraceLabel

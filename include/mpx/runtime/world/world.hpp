@@ -91,6 +91,11 @@ struct World
   /// world makes the same uses in the same order, so all agree on it, and no key is used twice.
   std::string next_key(const std::string& what) { return "mpx/" + what + "/" + std::to_string(key_uses[what]++) + "/"; }
   std::map<std::string, long> key_uses;  ///< per `what`, the uses of `next_key` so far
+
+  World() = default;
+  MPX_DECL World(World&&) noexcept;  // out of line: its groups' destructors are compiled once (linkage.hpp)
+  MPX_DECL World& operator=(World&&) noexcept;
+  MPX_DECL ~World();
 };
 
 /// Waits until every rank of the world has arrived (with the run's timeout); `what` names the place in the
@@ -138,6 +143,10 @@ World make_world(const Env& env, const WorldOptions& opt = {})
 
 namespace mpx
 {
+
+MPX_DECL World::World(World&&) noexcept = default;
+MPX_DECL World& World::operator=(World&&) noexcept = default;
+MPX_DECL World::~World() = default;
 
 MPX_DECL void barrier(World& w, const std::string& what)
 {

@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// @file runtime/trainer_core.hpp
+/// `detail::TrainerCore`: the body of `Trainer<P, Batch>` (trainer.hpp) that needs neither type, compiled
+/// once under `mpx::compiled` (linkage.hpp): a step's phases after the micro-batches are on the device,
+/// the optimizers, the data-parallel buckets, the loss scaler, the trace, save and load. It reads the
+/// stages through `StageSetBase` and walks the schedule through `detail::ExecutorCore`, both of which the
+/// typed trainer holds.
+
+#include <mpx/linkage.hpp>                   // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/runtime/executor_core.hpp>     // mpx::detail::ExecutorCore
+#include <mpx/runtime/grad_stats.hpp>        // mpx::StageParameters, mpx::StageNormTerms, mpx::StepReduction
+#include <mpx/runtime/gradient_buckets.hpp>  // mpx::GradientBuckets
+#include <mpx/runtime/options.hpp>           // mpx::TrainOptions, mpx::StepStats
+#include <mpx/runtime/precision.hpp>         // mpx::LossScaler
+#include <mpx/runtime/shm_links.hpp>         // mpx::ShmSum
+#include <mpx/runtime/split_decision.hpp>    // mpx::SplitDecision
+#include <mpx/runtime/stage_optimizers.hpp>  // mpx::StageOptimizers
+#include <mpx/runtime/stage_set_base.hpp>    // mpx::StageSetBase
+#include <mpx/runtime/trace.hpp>             // mpx::TraceRecorder, mpx::TraceLabel
+#include <mpx/runtime/world/world.hpp>       // mpx::World
+
+#include <chrono>    // std::chrono::steady_clock
+#include <iostream>  // std::cout
+#include <memory>    // std::unique_ptr
+#include <string>    // std::string
+
+namespace mpx::detail
+{
+
+class TrainerCore
+{
+  using clock = std::chrono::steady_clock;
+
+ public:
+  /// The order of a step's end (see `step_order`).
+  enum class StepOrder
+  {
+    agree_then_step,
+    step_then_agree,
+  };
+
+  /// `label`: the schedule's name, slots, micro-batches and expected bubble (traces print them).
+  MPX_DECL TrainerCore(World& world, TrainOptions options, StageSetBase& stages, ExecutorCore& executor, TraceLabel label);
+  MPX_DECL ~TrainerCore();
+  TrainerCore(const TrainerCore&) = delete;
+  TrainerCore& operator=(const TrainerCore&) = delete;
+
+  /// One optimizer step over the micro-batches the executor was given (on the device).
+  MPX_DECL StepStats step();
+
+  /// The order of a step's end, the one place that says it. `agree_then_step` when the update needs the
+  /// other ranks — an inf/NaN skip (`skip_nonfinite`), clipping (`clip_norm`) or a loss scaler: the ranks
+  /// agree on loss, gradient norm and inf/NaN first, then each skips, clips or steps alike. Otherwise
+  /// `step_then_agree`: every rank steps its optimizers as soon as its gradients are complete, then the
+  /// step's statistics are all-reduced (reported exactly, not waited for before the update).
+  StepOrder step_order() const
+  {
+    return o_.skip_nonfinite || o_.clip_norm > 0 || scaler_.enabled() ? StepOrder::agree_then_step : StepOrder::step_then_agree;
+  }
+
+  MPX_DECL void save(const std::string& root);
+  MPX_DECL void load(const std::string& path);
+  long steps_done() const { return step_; }
+  long skipped_steps() const { return scaler_.skipped(); }
+  double loss_scale() const { return scaler_.scale(); }
+  double expected_bubble() const { return label_.expected_bubble; }
+  const SplitDecision& split_decision() const { return split_; }
+  double measured_bubble() const { return last_.bubble(); }
+  MPX_DECL double write_trace(const std::string& path, std::ostream& log);
+
+ private:
+  MPX_DECL ExecutorCore::Walk walk_schedule(clock::time_point t0);
+  MPX_DECL void complete_gradients(clock::time_point t0);
+  MPX_DECL void update_parameters(const ExecutorCore::Walk& walk, StepStats& st);
+  MPX_DECL StepReduction agree_on_step(const ExecutorCore::Walk& walk, bool agree_first);
+  MPX_DECL void trace_buckets(clock::time_point t0);
+  MPX_DECL void step_optimizers(StepStats& st);
+  MPX_DECL bool splits_here() const;
+  MPX_DECL void call_before_optimizer();
+
+  World& w_;
+  TrainOptions o_;
+  TraceLabel label_;
+  LossScaler scaler_;
+  StageSetBase& stages_;
+  StageOptimizers optimizers_;
+  ExecutorCore& executor_;
+  std::unique_ptr<ShmSum> sum_;  // the end-of-step sum through shared memory when the world shares a host, else null (Gloo; shm_links.hpp)
+  GradientBuckets buckets_;
+  SplitDecision split_;
+  TraceRecorder trace_;
+  StageParameters held_;    // this rank's stages' parameters, in stage order
+  StageNormTerms counted_;  // those it counts in the global gradient norm (tensor parallelism: each once)
+  long step_ = 0;
+  long steps_run_ = 0;  // steps this trainer ran in this process (step_ counts those of a resumed checkpoint too)
+  StepStats last_;
+};
+
+}  // namespace mpx::detail
+
+#if MPX_DEFINITIONS
+// ---- definitions (compiled once under MPX_SEPARATE_COMPILATION: linkage.hpp) ----
+#include <mpx/errors.hpp>                   // mpx::config_error
+#include <mpx/runtime/launch/faults.hpp>    // mpx::inject_fault
+#include <mpx/runtime/training_state.hpp>   // mpx::save_training_state, mpx::load_training_state
+
+namespace mpx::detail
+{
+
+
+MPX_DECL TrainerCore::TrainerCore(World& world, TrainOptions options, StageSetBase& stages, ExecutorCore& executor, TraceLabel label)
+    : w_(world), o_(std::move(options)), label_(std::move(label)), scaler_(o_.scaler), stages_(stages), optimizers_(stages_, o_),
+      executor_(executor), sum_(make_world_sum(w_)), buckets_(w_.dp, w_.replicas, o_.bucket_bytes, w_.timeout),
+      split_(executor_.split().schedule_splits(), o_.split_backward, o_.split_trials)
+{
+  for (int s = 0; s < stages_.num_stages(); ++s)
+    if (stages_.holds(s)) held_.push_back(stages_.parameters(s)), counted_.push_back(stages_.norm_parameters(s));
+}
+
+MPX_DECL TrainerCore::~TrainerCore() = default;
+
+MPX_DECL StepStats TrainerCore::step()
+{
+  inject_fault(w_.env, FaultPoint::step, step_);  // MPX_FAULT (tests of failure handling)
+  StepStats st;
+  st.loss_scale = scaler_.scale();
+  executor_.choose_split(split_.split_at(steps_run_));
+  const auto t0 = clock::now();
+  const auto walk = walk_schedule(t0);
+  st.schedule_seconds = seconds_of(clock::now() - t0);
+  const bool settle_split = split_.record(steps_run_, st.schedule_seconds);
+  complete_gradients(t0);
+  st.lr = o_.lr(step_);
+  update_parameters(walk, st);
+  optimizers_.zero();
+  if (settle_split) split_.decide(w_, splits_here(), std::clog);
+  st.seconds = seconds_of(clock::now() - t0);
+  st.compute_seconds = walk.compute_seconds;
+  st.wait_seconds = walk.wait_seconds;
+  last_ = st;
+  ++step_;
+  ++steps_run_;
+  return st;
+}
+
+MPX_DECL void TrainerCore::save(const std::string& root)
+{
+  save_training_state(w_, root, stages_, optimizers_, {step_, scaler_.scale(), scaler_.skipped(), scaler_.good_steps()}, o_.checkpoints);
+}
+
+MPX_DECL void TrainerCore::load(const std::string& path)
+{
+  const auto t = load_training_state(w_, path, stages_, optimizers_, {step_, scaler_.scale(), 0, 0}, o_.checkpoints);
+  step_ = t.step;
+  scaler_.restore(t.loss_scale, t.skipped, t.good_steps);
+}
+
+MPX_DECL double TrainerCore::write_trace(const std::string& path, std::ostream& log)
+{
+  if (!o_.trace) throw config_error("mpx: Trainer::write_trace: set TrainOptions::trace = true to record the actions");
+  return trace_.write(w_, path, step_ - 1, last_, label_, log);
+}
+
+/// A step's first phase: the schedule's walk, data-parallel buckets arming before each stage's last
+/// backward and starting after it.
+MPX_DECL ExecutorCore::Walk TrainerCore::walk_schedule(clock::time_point t0)
+{
+  auto walk = executor_.walk(
+      scaler_.scale(), step_, o_.trace ? &trace_ : nullptr,
+      [this](int s) {
+        if (o_.overlap_reduction) buckets_.arm(stages_.parameters(s));
+      },
+      [this](int s) { buckets_.start(stages_.parameters(s)); });
+  if (o_.trace) trace_buckets(t0);
+  return walk;
+}
+
+/// The gradients made complete: the data-parallel reduction finished, under sequence parallelism (and
+/// shared key/value heads) the partial gradients summed, the user's `before_optimizer` called, the loss
+/// scale divided out.
+MPX_DECL void TrainerCore::complete_gradients(clock::time_point t0)
+{
+  const auto f0 = clock::now();
+  buckets_.finish();
+  if (o_.trace && w_.replicas > 1) trace_.mark("wait all-reduce", micros_of(f0 - t0), micros_of(clock::now() - f0));
+  for (int s = 0; s < stages_.num_stages(); ++s)
+    if (stages_.holds(s)) stages_.sum_partial_gradients(s);
+  call_before_optimizer();
+  if (scaler_.enabled()) unscale(held_, scaler_.scale());
+}
+
+/// The step's statistics agreed over the world and the optimizers stepped (or the step skipped), in
+/// `step_order()`.
+MPX_DECL void TrainerCore::update_parameters(const ExecutorCore::Walk& walk, StepStats& st)
+{
+  const bool agree_first = step_order() == StepOrder::agree_then_step;
+  if (!agree_first) step_optimizers(st);  // nothing in the update depends on the other ranks
+  const StepReduction red = agree_on_step(walk, agree_first);
+  st.loss = red.loss;
+  st.grad_norm = red.grad_norm;
+  if (agree_first) {
+    st.skipped = scaler_.update(red.found_inf);
+    if (!st.skipped) step_optimizers(st);
+  }
+}
+
+/// The step's one collective: the loss once per replica (tensor-parallel rank 0 of the last slot), each
+/// parameter once in the norm (after a step that came first, the norm reads what the optimizers' passes summed).
+MPX_DECL StepReduction TrainerCore::agree_on_step(const ExecutorCore::Walk& walk, bool agree_first)
+{
+  const double sq = agree_first ? local_grad_sq(counted_)
+                                : local_grad_sq(counted_, [this](const at::Tensor& p) { return optimizers_.stepped_grad_sq(p); });
+  auto reduction = start_reduce_step(w_, w_.tp_rank == 0 ? walk.loss_sum : at::Tensor(), sq, step_, sum_.get());
+  return finish_reduce_step(w_, reduction);
+}
+
+/// The step's bucket starts, as instants in the trace (data parallelism).
+MPX_DECL void TrainerCore::trace_buckets(clock::time_point t0)
+{
+  const auto& at = buckets_.launched_at();
+  for (std::size_t b = 0; b < at.size(); ++b) trace_.mark("all-reduce bucket " + std::to_string(b) + " starts", micros_of(at[b] - t0), 0);
+}
+
+/// Clips (when clipping is on: the global norm is known then) and steps every optimizer.
+MPX_DECL void TrainerCore::step_optimizers(StepStats& st)
+{
+  const auto o0 = clock::now();
+  clip(held_, st.grad_norm, o_.clip_norm);
+  optimizers_.step(st.lr);
+  st.optimizer_seconds = seconds_of(clock::now() - o0);
+}
+
+/// Whether some stage of this rank runs its backward split (its module marks blocks).
+MPX_DECL bool TrainerCore::splits_here() const
+{
+  for (int s = 0; s < stages_.num_stages(); ++s)
+    if (stages_.holds(s) && executor_.split().ran_split(s)) return true;
+  return false;
+}
+
+MPX_DECL void TrainerCore::call_before_optimizer()
+{
+  if (!o_.before_optimizer) return;
+  for (int s = 0; s < stages_.num_stages(); ++s)
+    if (stages_.holds(s)) o_.before_optimizer(s, step_, stages_.parameters(s));
+}
+
+}  // namespace mpx::detail
+#endif  // MPX_DEFINITIONS
