@@ -36,7 +36,7 @@ inline std::string pad(std::string s, std::size_t w)
 struct StageSummary
 {
   int slot = 0;
-  std::string device, module, boundary;  // "CPU<0>", the module's name, "input -> output"
+  std::string_view device, module, input, output;  // "CPU" (printed with the slot: "CPU<0>"), the module's name, the boundaries' types
   bool frozen = false, checkpointed = false, has_layers = false;
   std::string_view optimizer, precision, wire;  // empty: none (FP32 for the precision)
   int tensor_parallel = 1, layer_begin = 0, layer_end = 0;  // layer_end: -1 for mpx::to_end
@@ -169,10 +169,10 @@ PipelineSummary summary()
     (p.rows.push_back([] {
       using S = typename P::template stage<int(I)>;
       StageSummary x = stage_summary<S>();
-      x.device = std::string(device_traits<typename S::device>::name) + "<" + std::to_string(P::slots[I]) + ">";
-      x.module = std::string(S::traits::name);
-      x.boundary = std::string(type_name<typename P::template input_of<int(I)>>()) + " -> " +
-                   std::string(type_name<typename P::template output_of<int(I)>>());
+      x.device = device_traits<typename S::device>::name;
+      x.module = S::traits::name;
+      x.input = type_name<typename P::template input_of<int(I)>>();
+      x.output = type_name<typename P::template output_of<int(I)>>();
       return x;
     }()), ...);
   }(std::make_index_sequence<std::size_t(P::num_stages)>{});
@@ -243,7 +243,8 @@ MPX_DECL std::ostream& print_pipeline(std::ostream& os, const PipelineSummary& p
   std::vector<std::vector<std::string>> rows{{"stage", "slot", "device", "module", "input -> output", "policies"}};
   for (std::size_t i = 0; i < p.rows.size(); ++i) {
     const StageSummary& s = p.rows[i];
-    rows.push_back({std::to_string(i), std::to_string(s.slot), s.device, s.module, s.boundary, policy_list(s)});
+    rows.push_back({std::to_string(i), std::to_string(s.slot), std::string(s.device) + "<" + std::to_string(s.slot) + ">", std::string(s.module),
+                    std::string(s.input) + " -> " + std::string(s.output), policy_list(s)});
   }
   std::vector<std::size_t> w(rows[0].size(), 0);
   for (auto& r : rows)

@@ -62,7 +62,7 @@ class Trainer
   /// moved to the device first, so the loss and the stages that read batch fields see device tensors).
   StepStats step(const std::vector<Batch>& host_microbatches)
   {
-    check_count(host_microbatches);
+    detail::check_microbatch_count(host_microbatches.size(), M);
     std::vector<Batch> moved;
     executor_.use(device_.is_cpu() ? host_microbatches : (moved = to_device(host_microbatches, device_)));
     return core_.step();
@@ -123,14 +123,6 @@ class Trainer
                            std::to_string(pr.rank) + ", step " + std::to_string(pr.step) + ")");
     }
     return true;
-  }
-
-  static void check_count(const std::vector<Batch>& mbs)
-  {
-    if (static_cast<int>(mbs.size()) != M)
-      throw config_error("mpx: Trainer::step: got " + std::to_string(mbs.size()) + " micro-batches, the pipeline declares " +
-                         std::to_string(M) + " (mpx::Microbatches<M>); slice the batch with mpx::slice_microbatches(batch, " +
-                         std::to_string(M) + ")");
   }
 
   bool proved_;  // first: the schedule is proved before anything is built

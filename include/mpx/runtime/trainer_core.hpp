@@ -28,6 +28,9 @@
 namespace mpx::detail
 {
 
+/// A `config_error` naming the fix when a step is given `got` micro-batches and the pipeline declares `declared`.
+MPX_DECL void check_microbatch_count(std::size_t got, int declared);
+
 class TrainerCore
 {
   using clock = std::chrono::steady_clock;
@@ -108,6 +111,13 @@ class TrainerCore
 namespace mpx::detail
 {
 
+
+MPX_DECL void check_microbatch_count(std::size_t got, int declared)
+{
+  if (got != std::size_t(declared))
+    throw config_error("mpx: Trainer::step: got " + std::to_string(got) + " micro-batches, the pipeline declares " + std::to_string(declared) +
+                       " (mpx::Microbatches<M>); slice the batch with mpx::slice_microbatches(batch, " + std::to_string(declared) + ")");
+}
 
 MPX_DECL TrainerCore::TrainerCore(World& world, TrainOptions options, StageSetBase& stages, ExecutorCore& executor, TraceLabel label)
     : w_(world), o_(std::move(options)), label_(std::move(label)), scaler_(o_.scaler), stages_(stages), optimizers_(stages_, o_),
