@@ -22,6 +22,7 @@
 #include <filesystem>  // std::filesystem
 #include <map>      // std::map
 #include <memory>   // std::unique_ptr
+#include <set>      // std::set
 #include <string>   // std::string
 #include <vector>   // std::vector
 
@@ -41,7 +42,7 @@ struct Options
   double epochs = 0;             ///< if > 0: steps = epochs × train samples / global batch
   double lr = 0;                 ///< 0: the recipe's (3e-6 fine-tuning with --weights), 5e-4 from scratch
   double warmup = 0.1;           ///< fraction of the steps
-  double vision_lr_scale = 1;    ///< the vision stage's learning rate is lr × this
+  double vision_lr_scale = 0.1;  ///< the vision encoder learns at lr × this (from scratch: at the full rate it loses the side of a shape)
   double weight_decay = 0.01, clip = 1.0;
   std::string optimizer = "adamw8bit";
   std::string precision = "fp32";
@@ -204,14 +205,28 @@ inline mpx::WarmupCosine schedule_of(const Options& o, long steps)
   return mpx::WarmupCosine{o.peak_lr(), long(o.warmup * double(steps)), steps, 0.1};
 }
 
-inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Options& o, const std::vector<at::Tensor>& params)
+/// The recipe's optimizer over `params`. Those of them in `vision`, when others are not, form a second
+/// parameter group at --vision-lr-scale × the first's rate (a balanced layout's stage that holds encoder
+/// blocks beside decoder layers; mpx keeps a group's share of the rate: stage_optimizers.hpp).
+inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Options& o, const std::vector<at::Tensor>& params,
+                                                               const std::set<const c10::TensorImpl*>& vision = {})
 {
-  auto opts = torch::optim::AdamWOptions(o.peak_lr()).betas({0.9, 0.95}).eps(1e-6).weight_decay(o.weight_decay);
-  if (o.optimizer == "adamw") return std::make_unique<mpx::FusedAdamW>(params, opts);
-  if (o.optimizer == "adamw8bit") return std::make_unique<mpx::AdamW8bitOptimizer>(params, opts);
-  if (o.optimizer == "sgd")  // for parity checks: rounding differences stay at their size (AdamW scales each to a full step)
-    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(o.peak_lr()).momentum(0.9).weight_decay(o.weight_decay));
-  throw mpx::config_error("moondream_train: --optimizer " + o.optimizer + " is not known; use adamw8bit (the recipe), adamw or sgd");
+  std::vector<at::Tensor> first, second;
+  for (auto& p : params) (vision.count(p.unsafeGetTensorImpl()) ? second : first).push_back(p);
+  if (first.empty()) std::swap(first, second);  // one kind of parameter: one group (the stage's scale applies)
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  auto adamw = [&](double lr) { return torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).eps(1e-6).weight_decay(o.weight_decay); };
+  auto sgd = [&](double lr) { return torch::optim::SGDOptions(lr).momentum(0.9).weight_decay(o.weight_decay); };
+  if (o.optimizer == "adamw") opt = std::make_unique<mpx::FusedAdamW>(first, adamw(o.peak_lr()));
+  else if (o.optimizer == "adamw8bit") opt = std::make_unique<mpx::AdamW8bitOptimizer>(first, adamw(o.peak_lr()));
+  else if (o.optimizer == "sgd")  // for parity checks: rounding differences stay at their size (AdamW scales each to a full step)
+    opt = std::make_unique<torch::optim::SGD>(first, sgd(o.peak_lr()));
+  else throw mpx::config_error("moondream_train: --optimizer " + o.optimizer + " is not known; use adamw8bit (the recipe), adamw or sgd");
+  const double lr = o.peak_lr() * o.vision_lr_scale;
+  if (!second.empty())
+    opt->add_param_group(o.optimizer == "sgd" ? torch::optim::OptimizerParamGroup(second, std::make_unique<torch::optim::SGDOptions>(sgd(lr)))
+                                              : torch::optim::OptimizerParamGroup(second, std::make_unique<torch::optim::AdamWOptions>(adamw(lr))));
+  return opt;
 }
 
 /// From scratch, the output bias starts at the log-frequency of the answer tokens (and EOS) of the first

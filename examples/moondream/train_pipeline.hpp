@@ -19,6 +19,7 @@
 #include <chrono>      // std::chrono
 #include <filesystem>  // std::filesystem
 #include <iostream>    // std::cout
+#include <set>     // std::set
 #include <string>      // std::string
 #include <vector>      // std::vector
 
@@ -83,9 +84,6 @@ int train_pipeline(const Options& o)
   if (plan.slots != P::num_stages || plan.frozen_slots != P::forward_only_stages || (!balanced && !plan.vision_alone()))
     throw std::logic_error(fmt::format("moondream_train: layout {}'s plan ({} slots, {} forward only) does not fit pipeline type {}", o.layout,
                                        plan.slots, plan.frozen_slots, mpx::detail::type_name<P>()));
-  if (balanced && !plan.vision_alone() && o.train_vision() && o.vision_lr_scale != 1)
-    throw mpx::config_error("moondream_train: --vision-lr-scale scales the vision stage's learning rate, but layout " + o.layout +
-                            " does not give the vision encoder a stage of its own here: use --layout 2 or 4, or --vision-lr-scale 1");
   if (lead) {
     std::cout << fmt::format("moondream_train: config {} ({} vision + {} text layers), layout {}{}, {} ranks, {} on {}\n", c.name,
                              c.vision.enc_n_layers, c.text.n_layers, o.layout, tp_description(o),
@@ -96,16 +94,20 @@ int train_pipeline(const Options& o)
       for (int i = 1; i < P::num_stages; ++i) std::cout << fmt::format("  stage {}: text layers [{}, {})\n", i, plan.text_range(i).first, plan.text_range(i).second);
     std::cout << "  costs from the config (FLOPs): " << describe(plan) << "\n";
     std::cout << fmt::format("  vision: {}; optimizer {}; precision {}; activation checkpointing {}; global batch {} = {} micro-batches x {} samples x {} replicas\n",
-                             o.train_vision() ? "trained" : "frozen", o.optimizer, o.precision, o.checkpoint ? "stages" : o.checkpoint_blocks ? "blocks" : "off",
+                             o.train_vision() ? fmt::format("trained at {} x the rate", o.vision_lr_scale) : "frozen", o.optimizer, o.precision, o.checkpoint ? "stages" : o.checkpoint_blocks ? "blocks" : "off",
                              o.microbatches() * o.microbatch_size * world.replicas, o.microbatches(), o.microbatch_size, world.replicas);
   }
+  std::set<const c10::TensorImpl*> vision_params;  // a balanced stage's encoder blocks: their own rate (make_optimizer)
   auto make = [&](auto stage) {
     constexpr int I = decltype(stage)::value;
     if constexpr (balanced) {
       VisionText vt(c, plan.pieces(I).first, plan.pieces(I).second);
       initialise(o, c, *vt, *data.train, tok);
-      if (!o.train_vision() && vt->vision)
-        for (auto& p : vt->vision->parameters()) p.requires_grad_(false);
+      if (vt->vision)
+        for (auto& p : vt->vision->parameters()) {
+          if (!o.train_vision()) p.requires_grad_(false);
+          vision_params.insert(p.unsafeGetTensorImpl());
+        }
       return vt;
     } else if constexpr (I == 0) {
       Vision v(c);
@@ -123,9 +125,11 @@ int train_pipeline(const Options& o)
   to.lr = schedule_of(o, total);
   to.weight_decay = o.weight_decay, to.beta1 = 0.9, to.beta2 = 0.95, to.eps = 1e-6;
   to.clip_norm = o.clip;
-  // stage 0 is the vision tower; a balanced layout whose first stage holds more or less than the tower
-  // (checked above when the tower trains) scales nothing
-  to.lr_scale = {balanced && !plan.vision_alone() ? 1.0 : o.vision_lr_scale};
+  // the encoder's rate: a stage of encoder blocks only at lr x --vision-lr-scale (stage 0 of layouts 2 and 4);
+  // a balanced stage that holds encoder blocks beside decoder layers gives them a parameter group of their own
+  to.lr_scale.assign(std::size_t(P::num_stages), 1.0);
+  for (int i = 0; i < P::num_stages; ++i)
+    if (!balanced ? i == 0 : plan.pieces(i).second <= plan.vision_blocks) to.lr_scale[std::size_t(i)] = o.vision_lr_scale;
   to.checkpoint_all = o.checkpoint;
   to.checkpoint_blocks = o.checkpoint_blocks;
   to.checkpoints.checksums = o.checkpoint_checksums == "on";
@@ -134,8 +138,13 @@ int train_pipeline(const Options& o)
     throw mpx::config_error("moondream_train: --checkpoint (whole stages) and --checkpoint-blocks exclude each other; keep one");
   if (o.precision == "bf16") to.autocast = at::kBFloat16;
   else if (o.precision != "fp32") throw mpx::config_error("moondream_train: --precision " + o.precision + " on CPU: use fp32 or bf16");
-  if (o.optimizer != "adamw8bit")  // the stages declare the recipe's Optimizer<AdamW8bit>; --optimizer adamw replaces it
-    to.make_optimizer = [&o](int, const std::vector<at::Tensor>& params) { return make_optimizer(o, params); };
+  // the stages declare the recipe's Optimizer<AdamW8bit>; --optimizer adamw replaces it, and a balanced stage
+  // that mixes encoder and decoder gets the recipe's optimizer with the encoder in a group of its own
+  to.make_optimizer = [&](int s, const std::vector<at::Tensor>& params) -> std::unique_ptr<torch::optim::Optimizer> {
+    const bool mixed = balanced && plan.pieces(s).first < plan.vision_blocks && plan.pieces(s).second > plan.vision_blocks;
+    if (o.optimizer == "adamw8bit" && !mixed) return nullptr;
+    return make_optimizer(o, params, vision_params);
+  };
   auto input = [](const Batch& b) { return b.crops; };
   mpx::Trainer<P, Batch> trainer(world, make, input, answer_loss, to);
 

@@ -50,6 +50,27 @@ TEST_CASE("A frozen stage has no optimizer, make_optimizer replaces the policy's
   CHECK(dynamic_cast<mpx::FusedAdamW*>(&mpx::StageOptimizers(set, {}).at(0)) != nullptr);  // the default: LibTorch's AdamW, one pass
 }
 
+TEST_CASE("A built optimizer's second parameter group keeps its rate relative to the first", "[rooms][stage_optimizers]")
+{
+  mpx::TrainOptions o;
+  o.lr_scale = {2.0};
+  o.make_optimizer = [](int, const std::vector<at::Tensor>& ps) -> std::unique_ptr<torch::optim::Optimizer> {
+    const std::size_t half = ps.size() / 2;
+    auto opt = std::make_unique<torch::optim::SGD>(std::vector<at::Tensor>(ps.begin(), ps.begin() + half), torch::optim::SGDOptions(1.0));
+    opt->add_param_group(torch::optim::OptimizerParamGroup(std::vector<at::Tensor>(ps.begin() + half, ps.end()),
+                                                           std::make_unique<torch::optim::SGDOptions>(0.1)));  // a tenth of the first
+    return opt;
+  };
+  mpx::StageSet<rooms::P1> set(0, torch::kCPU, rooms::make, o);
+  mpx::StageOptimizers opt(set, o);
+  fill_grads(set.parameters(0));
+  opt.step(1e-2);
+  const auto& groups = opt.at(0).param_groups();
+  REQUIRE(groups.size() == 2);
+  CHECK(groups[0].options().get_lr() == Approx(2e-2));  // lr x the stage's scale, whatever the first group was built with
+  CHECK(groups[1].options().get_lr() == Approx(2e-3));  // and a tenth of that
+}
+
 TEST_CASE("The default AdamW's step leaves each gradient's sum of squares for the norm, SGD's none", "[rooms][stage_optimizers]")
 {
   mpx::StageSet<rooms::P1> set(0, torch::kCPU, rooms::make, {});

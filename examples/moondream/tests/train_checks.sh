@@ -157,9 +157,12 @@ PY
     grep -q "forward only: stage 0 " "$work/h4b96.log"
     grep -q "layout 4b: slot 0: vision \[0, [0-9]) (forward only) [0-9.]* GFLOP | slot 1: vision \[[0-9], 8) + text \[0, " "$work/h4b96.log"
     grep -q "forward only: stages 0-[12]" "$work/h4b256.log"
-    # trained encoder, balanced: every stage trains
+    # trained encoder, balanced: every stage trains, the encoder at --vision-lr-scale's 0.1 x the rate — on slot 0
+    # (encoder blocks only) by the stage's scale, on slot 1 (the last block beside a decoder layer) as a parameter
+    # group of its own; layout 1 gives the encoder an optimizer of its own
     "$train" "${small[@]}" --layout 1 --steps 6 --metrics "$work/trained.jsonl"
-    "$train" "${small[@]}" --layout 4b --steps 6 --metrics "$work/trained4b.jsonl"
+    "$train" "${small[@]}" --layout 4b --steps 6 --metrics "$work/trained4b.jsonl" > "$work/trained4b.log"
+    grep -q "layout 4b: slot 0: vision \[0, 3) [0-9.]* GFLOP | slot 1: vision \[3, 4) + text \[0, 1) " "$work/trained4b.log"
     compare "$work/trained.jsonl" "$work/trained4b.jsonl"
     ;;
   dp)

@@ -5,7 +5,9 @@
 /// OptimizersContainer). Each is built over the stage's trainable parameters from its `Optimizer<O>` policy
 /// (AdamW — `mpx::FusedAdamW`, LibTorch's AdamW with a one-pass CPU step — when it has none; none for a
 /// `Frozen` stage or one without trainable parameters), or by
-/// `TrainOptions::make_optimizer`. `step(lr)` steps every stage at lr × its `lr_scale`; `zero` drops the
+/// `TrainOptions::make_optimizer`. `step(lr)` steps every stage at lr × its `lr_scale` (where a
+/// `make_optimizer` built several parameter groups, a group built at k × the first group's rate keeps that
+/// k: lr × scale × k); `zero` drops the
 /// gradients (the next backward's first gradient becomes the parameter's gradient as it is: no zero fill,
 /// no add; the host cache makes the fresh buffer cheap); `save` / `load` write and read one stage's
 /// optimizer state.
@@ -37,14 +39,15 @@ class StageOptimizers
   bool has(int s) const { return optimizers_.at(std::size_t(s)) != nullptr; }
   torch::optim::Optimizer& at(int s) { return *optimizers_.at(std::size_t(s)); }
 
-  /// Steps every stage's optimizer at `lr` × the stage's scale.
+  /// Steps every stage's optimizer at `lr` × the stage's scale (× a group's rate relative to the first group's).
   void step(double lr)
   {
     for (std::size_t s = 0; s < optimizers_.size(); ++s) {
       auto& opt = optimizers_[s];
       if (!opt) continue;
       const double scale = s < lr_scale_.size() ? lr_scale_[s] : 1.0;
-      for (auto& g : opt->param_groups()) g.options().set_lr(lr * scale);
+      auto& groups = opt->param_groups();
+      for (std::size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(lr * scale * group_share_[s].at(g));
       opt->step();
     }
   }
@@ -95,6 +98,7 @@ class StageOptimizers
 
   std::vector<double> lr_scale_;
   std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers_;
+  std::vector<std::vector<double>> group_share_;  // per stage, per parameter group: its rate when built / the first group's
   std::vector<std::vector<at::Tensor>> params_;
 };
 
@@ -109,10 +113,17 @@ MPX_DECL StageOptimizers::StageOptimizers(const StageSetBase& stages, const Trai
 {
   optimizers_.resize(std::size_t(stages.num_stages()));
   params_.resize(std::size_t(stages.num_stages()));
+  group_share_.resize(std::size_t(stages.num_stages()));
   for (int s = 0; s < stages.num_stages(); ++s) {
     if (!stages.holds(s)) continue;
     params_[std::size_t(s)] = stages.parameters(s);
     optimizers_[std::size_t(s)] = make(s, stages, o);
+    if (!optimizers_[std::size_t(s)]) continue;
+    const auto& groups = optimizers_[std::size_t(s)]->param_groups();
+    for (const auto& g : groups) {
+      const double first = groups.front().options().get_lr(), mine = g.options().get_lr();
+      group_share_[std::size_t(s)].push_back(mine == first || first <= 0 ? 1.0 : mine / first);
+    }
   }
 }
 
