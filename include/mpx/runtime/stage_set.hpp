@@ -9,7 +9,9 @@
 /// tensor-parallel group is the current `tp::Group` while a stage is built and while it runs (recomputes
 /// included), so modules written with mpx::tp blocks cut themselves; `norm_parameters` are the ones this
 /// rank counts in the global gradient norm (`tp::norm_terms`). `visit` is the one place a run-time stage
-/// index becomes a compile-time one. It knows nothing of schedules, messages or optimizers.
+/// index becomes a compile-time one. It knows nothing of schedules, messages or optimizers. What the runtime
+/// reads of it without the pipeline's type — each stage's facts, parameters, tensors by name — is its base,
+/// `StageSetBase` (stage_set_base.hpp), which it fills.
 
 #include <mpx/fingerprint.hpp>                    // mpx::fingerprint_v
 #include <mpx/pipeline.hpp>                       // mpx::PipelineType
