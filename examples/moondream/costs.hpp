@@ -102,6 +102,9 @@ struct Plan
   /// Whether slot 0 holds the whole encoder and nothing else (as layouts 2 and 4 part).
   bool vision_alone() const { return part[1] == vision_blocks; }
   std::pair<int, int> pieces(int k) const { return {part[std::size_t(k)], part[std::size_t(k) + 1]}; }
+  /// Whether slot k holds encoder blocks only, and whether it holds encoder blocks beside decoder layers.
+  bool encoder_only(int k) const { return pieces(k).second <= vision_blocks; }
+  bool mixes(int k) const { return pieces(k).first < vision_blocks && pieces(k).second > vision_blocks; }
   /// The text layers [b, e) of slot k (b == e: none).
   std::pair<int, int> text_range(int k) const
   {

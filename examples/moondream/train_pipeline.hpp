@@ -129,7 +129,7 @@ int train_pipeline(const Options& o)
   // a balanced stage that holds encoder blocks beside decoder layers gives them a parameter group of their own
   to.lr_scale.assign(std::size_t(P::num_stages), 1.0);
   for (int i = 0; i < P::num_stages; ++i)
-    if (!balanced ? i == 0 : plan.pieces(i).second <= plan.vision_blocks) to.lr_scale[std::size_t(i)] = o.vision_lr_scale;
+    if (plan.encoder_only(i)) to.lr_scale[std::size_t(i)] = o.vision_lr_scale;
   to.checkpoint_all = o.checkpoint;
   to.checkpoint_blocks = o.checkpoint_blocks;
   to.checkpoints.checksums = o.checkpoint_checksums == "on";
@@ -141,8 +141,7 @@ int train_pipeline(const Options& o)
   // the stages declare the recipe's Optimizer<AdamW8bit>; --optimizer adamw replaces it, and a balanced stage
   // that mixes encoder and decoder gets the recipe's optimizer with the encoder in a group of its own
   to.make_optimizer = [&](int s, const std::vector<at::Tensor>& params) -> std::unique_ptr<torch::optim::Optimizer> {
-    const bool mixed = balanced && plan.pieces(s).first < plan.vision_blocks && plan.pieces(s).second > plan.vision_blocks;
-    if (o.optimizer == "adamw8bit" && !mixed) return nullptr;
+    if (o.optimizer == "adamw8bit" && !plan.mixes(s)) return nullptr;
     return make_optimizer(o, params, vision_params);
   };
   auto input = [](const Batch& b) { return b.crops; };
