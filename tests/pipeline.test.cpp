@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests for mpx/pipeline.hpp: queries, defaults, boundaries of layer ranges, proofs.
+// Tests for mpx/pipeline.hpp: defaults, proofs, frozen stages, declared costs (queries: pipeline_queries.test.cpp;
+// boundaries and layer ranges: stage_chain.test.cpp).
 #include "support/archetypes.hpp"
 #include "support/catch.hpp"
 
@@ -32,30 +33,6 @@ struct FlatZBH1  // ZB-H1's table without its compressed form
 using Big = Pipeline<Stage<Block, CPU<0>>, Stage<Block, CPU<1>>, Schedule<FlatZBH1>, Microbatches<4096>>;
 using BigRuns = Pipeline<Stage<Block, CPU<0>>, Stage<Block, CPU<1>>, Schedule<ZBH1>, Microbatches<4096>>;
 }  // namespace
-
-TEST_CASE("Queries return integral constants", "[pipeline][static]")
-{
-  STATIC_REQUIRE(decltype(num_stages<TwoStage>())::value == 2);
-  STATIC_REQUIRE(num_slots<TwoStage>() == 2);
-  STATIC_REQUIRE(num_microbatches<TwoStage>() == 2);  // default: one per slot
-  STATIC_REQUIRE(std::is_same_v<TwoStage::schedule, OneFOneB>);  // default schedule
-  STATIC_REQUIRE(slot_of<1, TwoStage>() == 1);
-  STATIC_REQUIRE(num_stages_v<FourStage> == 4);
-  STATIC_REQUIRE(num_microbatches_v<FourStage> == 8);
-  STATIC_REQUIRE(slot_of_v<3, FourStage> == 3);
-  STATIC_REQUIRE(num_chunks<Looped>() == 2);
-  STATIC_REQUIRE(std::is_same_v<decltype(stages_on_slot<0, Looped>()), std::integer_sequence<int, 0, 2>>);
-  STATIC_REQUIRE(std::is_same_v<decltype(stages_on_slot<1, Looped>()), std::integer_sequence<int, 1, 3>>);
-}
-
-TEST_CASE("Layer ranges exchange the module's hidden type", "[pipeline][static]")
-{
-  STATIC_REQUIRE(std::is_same_v<FourStage::input_of<1>, Pair>);     // first range takes input_type
-  STATIC_REQUIRE(std::is_same_v<FourStage::output_of<1>, Tensor>);  // inner ranges pass hidden_type
-  STATIC_REQUIRE(std::is_same_v<FourStage::input_of<2>, Tensor>);
-  STATIC_REQUIRE(std::is_same_v<FourStage::output_of<3>, Tensor>);  // last range returns output_type
-  STATIC_REQUIRE(std::is_same_v<FourStage::output_of<0>, Pair>);
-}
 
 TEST_CASE("Compressed schedules are proved at compile time whatever m is, large flat tables at start-up", "[pipeline]")
 {

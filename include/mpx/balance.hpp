@@ -25,7 +25,7 @@
 /// possible partition for small pipelines.
 
 #include <mpx/action.hpp>    // mpx::Layout, mpx::StageCosts, mpx::LayerCost
-#include <mpx/proof.hpp>     // mpx::prove
+#include <mpx/run_proof.hpp>  // mpx::prove (flat and compressed tables)
 #include <mpx/schedule.hpp>  // mpx::OneFOneB, mpx::RunSchedule
 
 #include <array>    // std::array

@@ -12,10 +12,11 @@
 #include <mpx/device.hpp>       // mpx::GPU, mpx::CPU, mpx::Device
 #include <mpx/fingerprint.hpp>  // mpx::fingerprint_v
 #include <mpx/module.hpp>       // mpx::StageModule, mpx::module_traits
-#include <mpx/pipeline.hpp>     // mpx::Pipeline, queries
+#include <mpx/pipeline.hpp>     // mpx::Pipeline, queries (pipeline_queries.hpp)
 #include <mpx/policy.hpp>       // mpx::Frozen, mpx::Checkpointed, mpx::Optimizer, ...
 #include <mpx/print.hpp>        // mpx::print
 #include <mpx/proof.hpp>        // mpx::prove, mpx::Proof
+#include <mpx/run_proof.hpp>    // mpx::prove of a RunTable
 #include <mpx/runs.hpp>         // mpx::RunTable, mpx::to_table
 #include <mpx/shape.hpp>        // mpx::Dims, mpx::any, mpx::DeclaresShape
 #include <mpx/schedule.hpp>     // mpx::GPipe, mpx::OneFOneB, mpx::Interleaved1F1B, mpx::ZBH1

@@ -22,16 +22,19 @@
 /// steady state the proof fast-forwards whatever m is. Larger ones are proved at start-up, before the first step,
 /// by the same function. `Pipeline::proved_at_compile_time` says which.
 
-#include <mpx/action.hpp>      // mpx::Layout, mpx::Table, mpx::FrozenTable
-#include <mpx/balance.hpp>     // mpx::predict, mpx::StageCosts
-#include <mpx/batch.hpp>       // mpx::Batch
-#include <mpx/boundary.hpp>    // mpx::Boundary
-#include <mpx/nccl_order.hpp>  // mpx::prove_nccl_order, mpx::OrderProof
-#include <mpx/proof.hpp>       // mpx::prove, mpx::Proof
-#include <mpx/runs.hpp>        // mpx::RunSchedule
-#include <mpx/schedule.hpp>    // mpx::Schedule, mpx::Microbatches, mpx::OneFOneB
-#include <mpx/stage.hpp>       // mpx::Stage
-#include <mpx/user_table.hpp>  // mpx::UserTable
+#include <mpx/action.hpp>            // mpx::Layout, mpx::Table, mpx::FrozenTable
+#include <mpx/balance.hpp>           // mpx::predict, mpx::StageCosts
+#include <mpx/nccl_order.hpp>        // mpx::prove_nccl_order, mpx::OrderProof
+#include <mpx/pipeline_args.hpp>     // mpx::detail::stages_of, option_value, ...
+#include <mpx/pipeline_queries.hpp>  // mpx::PipelineType, mpx::proof, mpx::proof_v, mpx::table_v, queries
+#include <mpx/proof.hpp>             // mpx::prove, mpx::Proof
+#include <mpx/proof_failures.hpp>    // mpx::detail::schedule_proof_failed, nccl_order_failed
+#include <mpx/run_proof.hpp>         // mpx::prove of a RunTable
+#include <mpx/runs.hpp>              // mpx::RunSchedule
+#include <mpx/schedule.hpp>          // mpx::Schedule, mpx::Microbatches, mpx::OneFOneB
+#include <mpx/stage.hpp>             // mpx::Stage
+#include <mpx/stage_chain.hpp>       // mpx::detail::StageChain
+#include <mpx/user_table.hpp>        // mpx::UserTable
 
 #include <array>        // std::array
 #include <tuple>        // std::tuple, std::tuple_element_t
@@ -45,117 +48,6 @@
 namespace mpx
 {
 
-namespace detail
-{
-template <class T> inline constexpr bool is_schedule_option = false;
-template <class T> inline constexpr bool is_schedule_option<Schedule<T>> = true;
-template <class T> inline constexpr bool is_microbatches_option = false;
-template <int M> inline constexpr bool is_microbatches_option<Microbatches<M>> = true;
-template <class T> inline constexpr bool is_batch_option = false;
-template <class B> inline constexpr bool is_batch_option<Batch<B>> = true;
-template <class T> inline constexpr bool is_option = is_schedule_option<T> || is_microbatches_option<T> || is_batch_option<T>;
-
-template <class T> struct is_stage_p : std::bool_constant<is_stage<T>> {};
-template <class T> struct is_schedule_p : std::bool_constant<is_schedule_option<T>> {};
-template <class T> struct is_microbatches_p : std::bool_constant<is_microbatches_option<T>> {};
-template <class T> struct is_batch_p : std::bool_constant<is_batch_option<T>> {};
-
-template <class... Ts> struct type_list {};
-template <class List, class T> struct push_if_stage;
-template <class... Ss, class T> struct push_if_stage<type_list<Ss...>, T>
-{
-  using type = std::conditional_t<is_stage<T>, type_list<Ss..., T>, type_list<Ss...>>;
-};
-template <class List, class... Ts> struct stages_of { using type = List; };
-template <class List, class T, class... Ts> struct stages_of<List, T, Ts...>
-{
-  using type = typename stages_of<typename push_if_stage<List, T>::type, Ts...>::type;
-};
-template <class List> struct as_tuple;
-template <class... Ss> struct as_tuple<type_list<Ss...>> { using type = std::tuple<Ss...>; };
-
-// The I-th type of a list in O(1) instantiations (std::tuple_element recurses through the pack: with
-// 64 stages that alone was a tenth of a second of compile time).
-template <std::size_t I, class T> struct indexed { using type = T; };
-template <class Seq, class... Ts> struct indexer;
-template <std::size_t... I, class... Ts> struct indexer<std::index_sequence<I...>, Ts...> : indexed<I, Ts>... {};
-template <std::size_t I, class T> indexed<I, T> select(const indexed<I, T>&);  // unevaluated only
-template <class List> struct indexer_of;
-template <class... Ts> struct indexer_of<type_list<Ts...>> { using type = indexer<std::index_sequence_for<Ts...>, Ts...>; };
-
-template <class O> struct option_value { static constexpr int value = 0; };
-template <int M> struct option_value<Microbatches<M>> { static constexpr int value = M; };
-template <class O> struct schedule_of_option { using type = OneFOneB; };
-template <class T> struct schedule_of_option<Schedule<T>> { using type = T; };
-template <class O> struct batch_of_option { using type = void; };
-template <class B> struct batch_of_option<Batch<B>> { using type = B; };
-
-template <class Tag> constexpr bool any_placement()
-{
-  if constexpr (requires { Tag::any_placement; }) return Tag::any_placement;
-  else return false;
-}
-
-/// Raised (with the boundary index and both types in the diagnostic) when stage I's output does not
-/// feed stage I+1.
-template <int I, class Out, class In>
-struct boundary_check
-{
-  static_assert(std::is_convertible_v<Out, In>,
-                "mpx::Pipeline: the output type of a stage is not accepted by the next stage's input (see the "
-                "boundary index and both types in mpx::detail::boundary_check<I, Out, In> above); make stage I's "
-                "output_type the input_type of stage I+1");
-  static_assert(std::is_convertible_v<Out, In> == false || Boundary<Out>,
-                "mpx::Pipeline: a stage boundary must be a tensor or a Boost.Hana struct of tensors "
-                "(BOOST_HANA_DEFINE_STRUCT); wrap the values in such a struct");
-  static constexpr bool ok = true;
-};
-
-/// Raised with the failing rank, step and action as template arguments when a schedule's proof fails.
-template <Verdict V, int Rank, int StepIndex, Op Action, int StageIndex, int Microbatch>
-struct schedule_proof_failed
-{
-  static_assert(V != Verdict::bad_shape,
-                "mpx::Pipeline: the schedule table does not fit the pipeline (rank count, stages per rank, or receive "
-                "tokens out of compute order); see the rank and step in mpx::detail::schedule_proof_failed above");
-  static_assert(V != Verdict::foreign_action,
-                "mpx::Pipeline: the schedule table runs a stage on a rank that does not hold it, or a micro-batch >= "
-                "Microbatches; see the rank, step and action in mpx::detail::schedule_proof_failed above");
-  static_assert(V != Verdict::duplicate_action,
-                "mpx::Pipeline: the schedule table runs an action twice; see mpx::detail::schedule_proof_failed above");
-  static_assert(V != Verdict::unfinished_microbatch,
-                "mpx::Pipeline: the schedule table leaves a micro-batch unfinished (a stage lacks its forward or "
-                "backward for it); the missing action is in mpx::detail::schedule_proof_failed above");
-  static_assert(V != Verdict::out_of_order,
-                "mpx::Pipeline: the schedule table runs an action before what it needs (a backward before its "
-                "forward, W before I, or a compute whose receive is not posted yet); see "
-                "mpx::detail::schedule_proof_failed above");
-  static_assert(V != Verdict::unmatched_messages,
-                "mpx::Pipeline: in the schedule table, sends and receives between two stages do not match in order; "
-                "see mpx::detail::schedule_proof_failed above");
-  static_assert(V != Verdict::deadlock,
-                "mpx::Pipeline: the schedule table deadlocks under blocking sends (a send completes only when the peer "
-                "has posted its receive); the first blocked rank, its step and what it waits for are in "
-                "mpx::detail::schedule_proof_failed above. Post receives earlier (RF/RB tokens) or reorder");
-  static_assert(V != Verdict::forward_only_backward,
-                "mpx::Pipeline: the schedule table gives a backward (B, I or W) to a forward-only stage: a Frozen stage "
-                "with no trainable stage before it runs forwards only and gets no gradient; remove those actions from "
-                "the table (see mpx::detail::schedule_proof_failed above)");
-  static constexpr bool ok = true;
-};
-
-/// Raised with the two operations that hold each other when a table deadlocks under NCCL's ordering: the
-/// blocked rank's operation at the head of its stream, and the peer's head there.
-template <bool Ok, int Rank, Op Head, int HeadStage, int HeadMicrobatch, int Peer, Op PeerHead, int PeerStage, int PeerMicrobatch>
-struct nccl_order_failed
-{
-  static_assert(Ok, "mpx::Pipeline: the schedule table deadlocks under NCCL's ordering (a receive at the head of a group's "
-                    "queue holds what follows it): rank Rank's Head of stage HeadStage, micro-batch HeadMicrobatch, waits "
-                    "behind rank Peer's PeerHead of stage PeerStage, micro-batch PeerMicrobatch (the template arguments of "
-                    "mpx::detail::nccl_order_failed above); post that receive later");
-  static constexpr bool ok = true;
-};
-}  // namespace detail
 
 /// A pipeline: stages plus options (see the file comment).
 template <class... Args>
@@ -277,92 +169,22 @@ struct Pipeline
                 "mpx::Pipeline: mpx::Interleaved1F1B needs Microbatches to be a multiple of the slots (and at least the "
                 "slots); set mpx::Microbatches<M> accordingly");
 
-  // ---- Boundaries ----
+  // ---- Boundaries (stage_chain.hpp) ----
  private:
-  template <int I>
-  static constexpr bool is_last_range()
-  {
-    if constexpr (!stage<I>::has_layers) return true;
-    else return [] <std::size_t... J>(std::index_sequence<J...>) {
-      return !((int(J) > I && stage<int(J)>::has_layers &&
-                std::is_same_v<typename stage<int(J)>::module, typename stage<I>::module>) || ...);
-    }(seq{});
-  }
-  template <int I>
-  static constexpr int previous_range()
-  {
-    return [] <std::size_t... J>(std::index_sequence<J...>) {
-      int prev = -1;
-      ((prev = (int(J) < I && stage<int(J)>::has_layers &&
-                std::is_same_v<typename stage<int(J)>::module, typename stage<I>::module>) ? int(J) : prev), ...);
-      return prev;
-    }(seq{});
-  }
+  using chain = detail::StageChain<stage_indexer, std::size_t(num_stages), batch>;
 
  public:
   /// What stage I receives and returns (a Layers stage's inner ranges exchange the module's hidden_type).
   template <int I>
-  using input_of = std::conditional_t<stage<I>::has_layers && stage<I>::layer_begin != 0,
-                                      typename stage<I>::traits::hidden_type, typename stage<I>::traits::input_type>;
+  using input_of = typename chain::template input_of<I>;
   template <int I>
-  using output_of = std::conditional_t<stage<I>::has_layers && !is_last_range<I>(),
-                                       typename stage<I>::traits::hidden_type, typename stage<I>::traits::output_type>;
-
- private:
-  template <std::size_t... I>
-  static constexpr bool check_boundaries(std::index_sequence<I...>)
-  {
-    return (detail::boundary_check<int(I), output_of<int(I)>, input_of<int(I) + 1>>::ok && ... && true);
-  }
-  template <std::size_t... I>
-  static constexpr bool layers_tile(std::index_sequence<I...>)
-  {
-    if constexpr (!(stage<int(I)>::has_layers || ... || false)) return true;  // no ranges: nothing to tile (O(p), not O(p²))
-    else return ([] {
-      constexpr int i = int(I);
-      using S = stage<i>;
-      if constexpr (!S::has_layers) {
-        // a module split into ranges must not also appear whole
-        return ![] <std::size_t... J>(std::index_sequence<J...>) {
-          return ((stage<int(J)>::has_layers && std::is_same_v<typename stage<int(J)>::module, typename S::module>) || ...);
-        }(seq{});
-      } else {
-        constexpr int prev = previous_range<i>();
-        if constexpr (prev < 0) {
-          if (S::layer_begin != 0) return false;
-        } else {
-          if (stage<prev>::layer_end == to_end || stage<prev>::layer_end != S::layer_begin) return false;
-        }
-        if constexpr (is_last_range<i>()) {
-          constexpr int n = S::traits::num_layers;
-          if (n >= 0 && S::layer_end != to_end && S::layer_end != n) return false;
-        }
-        return true;
-      }
-    }() && ... && true);
-  }
-  template <std::size_t... I>
-  static constexpr bool reads_exist(std::index_sequence<I...>)
-  {
-    return ([] {
-      using R = typename stage<int(I)>::reads;
-      if constexpr (R::size == 0) return true;
-      else if constexpr (std::is_void_v<batch>) return false;
-      else {
-        for (std::size_t f = 0; f < R::size; ++f)
-          if (!detail::has_member<batch>(R::fields[f])) return false;
-        return true;
-      }
-    }() && ... && true);
-  }
-
- public:
-  static_assert(check_boundaries(std::make_index_sequence<(std::tuple_size_v<stages> > 0 ? std::tuple_size_v<stages> - 1 : 0)>{}));
-  static_assert(layers_tile(seq{}),
+  using output_of = typename chain::template output_of<I>;
+  static_assert(chain::boundaries_chain());
+  static_assert(chain::layers_tile(),
                 "mpx::Pipeline: the mpx::Layers<b, e> ranges of one module must tile its layers exactly once, in stage "
                 "order: the first starts at 0, each starts where the previous ended (no gap, no overlap), only the last "
                 "may use mpx::to_end and it ends at num_layers; and a module split into ranges cannot also be a whole stage");
-  static_assert(reads_exist(seq{}),
+  static_assert(chain::reads_exist(),
                 "mpx::Pipeline: a stage Reads a batch field that the pipeline's mpx::Batch<B> does not have (or the "
                 "pipeline has no mpx::Batch<B>); fix the field name or add the field or the option");
 
@@ -470,66 +292,5 @@ struct Pipeline
     else return predict<schedule>(layout, stage_costs);
   }();
 };
-
-namespace detail
-{
-template <class T> inline constexpr bool is_pipeline = false;
-template <class... A> inline constexpr bool is_pipeline<Pipeline<A...>> = true;
-}  // namespace detail
-
-/// Concept: an `mpx::Pipeline<...>`.
-template <class P>
-concept PipelineType = detail::is_pipeline<P>;
-
-/// The schedule proof of P: the compile-time one when P is small enough (`P::proved_at_compile_time`),
-/// otherwise computed now (the runtime calls this at start-up and stops on a failed verdict).
-template <PipelineType P>
-constexpr Proof proof()
-{
-  if constexpr (P::proved_at_compile_time) return P::compile_time_proof;
-  else if constexpr (P::run_form) return prove(P::schedule::runs(P::layout));
-  else return prove(P::make_table());
-}
-
-/// The compile-time proof of P (only for pipelines proved at compile time).
-template <PipelineType P>
-  requires(P::proved_at_compile_time)
-inline constexpr Proof proof_v = P::compile_time_proof;
-
-/// P's table frozen in static storage, as the executor walks it.
-template <PipelineType P>
-inline constexpr auto table_v = detail::freeze<P::num_steps, std::size_t(P::num_slots)>(P::make_table());
-
-// ---- Queries: std::integral_constant results, usable in static_assert ----
-template <PipelineType P> constexpr auto num_stages(P = {}) { return std::integral_constant<int, P::num_stages>{}; }
-template <PipelineType P> constexpr auto num_slots(P = {}) { return std::integral_constant<int, P::num_slots>{}; }
-template <PipelineType P> constexpr auto num_microbatches(P = {}) { return std::integral_constant<int, P::num_microbatches>{}; }
-template <PipelineType P> constexpr auto num_chunks(P = {}) { return std::integral_constant<int, P::num_chunks>{}; }
-template <int I, PipelineType P> constexpr auto slot_of(P = {})
-{
-  static_assert(I >= 0 && I < P::num_stages, "mpx::slot_of<I>(pipeline): I must be a stage index < num_stages");
-  return std::integral_constant<int, P::slots[I]>{};
-}
-template <PipelineType P> inline constexpr int num_stages_v = P::num_stages;
-template <PipelineType P> inline constexpr int num_slots_v = P::num_slots;
-template <PipelineType P> inline constexpr int num_microbatches_v = P::num_microbatches;
-template <int I, PipelineType P> inline constexpr int slot_of_v = decltype(slot_of<I, P>())::value;
-
-/// The stages a slot holds, in stage order, as a std::integer_sequence.
-template <int Slot, PipelineType P>
-constexpr auto stages_on_slot(P = {})
-{
-  constexpr auto list = [] {
-    std::array<int, P::num_stages + 1> out{};
-    int n = 0;
-    for (int i = 0; i < P::num_stages; ++i)
-      if (P::slots[i] == Slot) out[n++] = i;
-    out[P::num_stages] = n;
-    return out;
-  }();
-  return [&]<std::size_t... K>(std::index_sequence<K...>) {
-    return std::integer_sequence<int, list[K]...>{};
-  }(std::make_index_sequence<std::size_t(list[P::num_stages])>{});
-}
 
 }  // namespace mpx

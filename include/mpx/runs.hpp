@@ -5,7 +5,7 @@
 /// repeated `count` times, the micro-batch of each pattern entry advancing by its stride every
 /// repetition. 1F1B on rank r is three runs (warm-up F, steady [F B], drain B) whatever m is, so a
 /// table of 64 ranks x 512 micro-batches is a few hundred runs instead of 65,536 steps, and the proof
-/// (`prove(const RunTable&)` in proof.hpp) fast-forwards the steady state instead of stepping through it.
+/// (`prove(const RunTable&)` in run_proof.hpp) fast-forwards the steady state instead of stepping through it.
 ///
 /// Rules of the form (what the built-in schedules produce and the run proof relies on):
 /// - an entry's stride is the number of entries of the pattern with its (op, stage); such entries carry

@@ -92,40 +92,6 @@ TEST_CASE("8-bit AdamW state saves and loads, hyper-parameters included", "[adam
   CHECK(torch::equal(b, b2));
 }
 
-TEST_CASE("The fused CPU step skips an embedding's unused rows without changing any result", "[optim]")
-{
-  // 8 rows of 256 (one quantisation block each); a batch uses rows 1 and 5 only, later row 6 as well
-  torch::manual_seed(4);
-  const double lr = 1e-2, wd = 0.1;
-  auto w = torch::randn({8, 256}).requires_grad_(true);
-  auto used = w.detach().index({torch::tensor({1, 5})}).clone().requires_grad_(true);  // the same rows, alone
-  const auto w0 = w.detach().clone();
-  mpx::AdamW8bitOptimizer a({w}, torch::optim::AdamWOptions(lr).weight_decay(wd), 256), b({used}, torch::optim::AdamWOptions(lr).weight_decay(wd), 256);
-  const auto idx = torch::tensor({1, 5, 1});
-  for (int step = 0; step < 4; ++step) {
-    a.zero_grad(), b.zero_grad();
-    auto target = torch::randn({3, 256});
-    (torch::nn::functional::embedding(idx, w) - target).pow(2).sum().backward();
-    (torch::nn::functional::embedding(torch::tensor({0, 1, 0}), used) - target).pow(2).sum().backward();
-    a.step(), b.step();
-  }
-  // used rows: bit for bit what an optimizer over those rows alone computes
-  CHECK(torch::equal(w.detach().index({torch::tensor({1, 5})}), used.detach()));
-  // unused rows: weight decay only, (1 - lr * wd) per step, in fp32
-  auto expect = w0.clone();
-  for (int step = 0; step < 4; ++step) expect.mul_(float(1 - lr * wd));
-  for (int r : {0, 2, 3, 4, 6, 7}) CHECK(torch::equal(w.detach()[r], expect[r]));
-  // a row used for the first time at step 5 (gradient 1): m = 0.1, v = 0.001 (β 0.9, 0.999), bias-corrected at step 5
-  a.zero_grad();
-  torch::nn::functional::embedding(torch::tensor({6}), w).sum().backward();
-  const auto before = w.detach()[6].clone();
-  a.step();
-  const double c1 = 1 - std::pow(0.9, 5), c2 = 1 - std::pow(0.999, 5), expected = lr * (0.1 / c1) / std::sqrt(0.001 / c2);
-  const auto moved = (before * float(1 - lr * wd) - w.detach()[6]);
-  CHECK(moved.min().item<double>() == Approx(expected).epsilon(0.01));
-  CHECK(moved.max().item<double>() == Approx(expected).epsilon(0.01));
-}
-
 TEST_CASE("8-bit AdamW takes fp32 moments for a large parameter and quantizes them (a re-cut shard's)", "[torch][adamw8bit]")
 {
   auto p = torch::zeros({64, 80}, torch::requires_grad());  // 5120 values: 8-bit moments
