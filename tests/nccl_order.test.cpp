@@ -103,31 +103,31 @@ Table perturbed(int p, int m, int chunks, Lcg& g)
 }
 }  // namespace
 
-TEST_CASE("Every table the proof accepts runs under NCCL's ordering with a group per channel (random tables)", "[nccl_order]")
+TEST_CASE("The proof with sends that never wait is this model with a group per channel (random tables)", "[nccl_order]")
 {
-  // The Pipeline asserts prove_nccl_order outright only up to 512 steps and relies on this implication beyond:
-  // a send blocks nothing here and waits for its receive's posting under the proof, so the proof's waits
-  // include these. Checked on shuffled built-in tables, both verdicts well represented.
+  // Pipeline asserts prove(table, Sends::never_wait) (proof.hpp: O(1) a step, the steady state of run
+  // tables fast-forwarded) where NCCL carries its messages; it must reach this explicit model's verdict on
+  // every table. And it is implied by the Gloo proof, whose sends wait more. Checked on shuffled built-in
+  // tables, both verdicts well represented, and tables that only NCCL's order runs.
   Lcg g{2026};
-  int accepted = 0, rejected = 0;
+  int accepted = 0, deadlocked = 0, nccl_only = 0;
   for (int trial = 0; trial < 3000; ++trial) {
     const int p = 2 + int(g.below(3)), m = 1 + int(g.below(6)), kind = int(g.below(4));
     const Table t = kind == 0   ? perturbed<GPipe>(p, m, 1, g)
                     : kind == 1 ? perturbed<OneFOneB>(p, m, 1, g)
                     : kind == 2 ? perturbed<ZBH1>(p, m, 1, g)
                                 : perturbed<Interleaved1F1B>(p, p * (1 + int(g.below(2))), 2, g);
-    if (prove(t).verdict != Verdict::ok) {
-      ++rejected;
-      continue;
-    }
-    ++accepted;
+    const Proof gloo = prove(t), nccl = prove(t, Sends::never_wait);
     const OrderProof o = prove_nccl_order(t, Streams::per_channel);
-    CAPTURE(trial, p, m, kind, o.rank, op_name(o.head.op), o.head.mb);
-    CHECK(o.ok());
+    CAPTURE(trial, p, m, kind, verdict_text(nccl.verdict), o.rank, op_name(o.head.op), o.head.mb);
+    if (gloo.ok()) CHECK(nccl.ok());  // the implication
+    if (nccl.ok() || nccl.verdict == Verdict::deadlock) CHECK(o.ok() == nccl.ok());  // the same model
+    accepted += nccl.ok(), deadlocked += nccl.verdict == Verdict::deadlock, nccl_only += nccl.ok() && !gloo.ok();
   }
-  CAPTURE(accepted, rejected);
+  CAPTURE(accepted, deadlocked, nccl_only);
   CHECK(accepted >= 300);
-  CHECK(rejected >= 300);
+  CHECK(deadlocked >= 50);
+  CHECK(nccl_only >= 5);  // 8: Gloo deadlocks, NCCL's order runs
 }
 
 TEST_CASE("Every built-in schedule at p = 64, m = 512 runs under NCCL's ordering with a group per channel", "[nccl_order]")

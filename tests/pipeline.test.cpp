@@ -175,3 +175,17 @@ TEST_CASE("A user table that gives a forward-only stage a backward fails its pro
   STATIC_REQUIRE(bad.rank == 0);
   STATIC_REQUIRE(bad.step == 2);
 }
+
+TEST_CASE("Where a stage sits on a GPU the pipeline is proved under NCCL's order too", "[pipeline][static]")
+{
+  STATIC_REQUIRE(TwoStage::on_gpus);
+  STATIC_REQUIRE(TwoStage::nccl_order_proof.ok());
+  STATIC_REQUIRE(TwoStage::nccl_order_proof.steps == TwoStage::num_steps);  // run, not assumed
+  STATIC_REQUIRE(TwoStage::nccl_order_proof.makespan == proof_v<TwoStage>.makespan);
+  using Gpus = Pipeline<Stage<Block, GPU<0>>, Stage<Block, GPU<1>>, Stage<Block, GPU<2>>, Schedule<ZBH1>, Microbatches<64>>;
+  STATIC_REQUIRE(Gpus::nccl_order_proof.ok());
+  STATIC_REQUIRE(Gpus::nccl_order_proof.steps == 3 * 3 * 64);
+  // CPU ranks: Gloo's order, which implies NCCL's (the stand-in's); not run again
+  STATIC_REQUIRE(!FourStage::on_gpus);
+  STATIC_REQUIRE(FourStage::nccl_order_proof.steps == 0);
+}

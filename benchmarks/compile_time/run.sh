@@ -19,6 +19,7 @@ best() {  # best wall time of 3 runs, in seconds
 }
 out=benchmarks/results/compile_time_$(hostname -s)_$(date +%Y%m%d).md
 source benchmarks/results_file.sh && keep_earlier "$out"  # the day's earlier results stay, below the new ones
+declare -A cpu_time
 base=$(best)
 {
   echo "# Compile time of the schedule proof"
@@ -43,6 +44,21 @@ for cfg in "OneFOneB 2 8" "OneFOneB 8 64" "OneFOneB 16 128" "ZBH1 8 64" "OneFOne
   cost=$(echo "$t - $base" | bc -l)
   printf '| %s | %s | %d | %d | %d | %.2f | %.2f | %.3f |\n' "$sched" "$form" "$p" "$m" "$steps" "$t" "$cost" "$(echo "1000 * $cost / $steps" | bc -l)" >> "$out"
   echo "$sched p=$p m=$m: $t s"
+  [ "$p" = 64 ] && [ "$m" = 512 ] && cpu_time[$sched]=$t
+done
+# the same pipelines on GPUs: both proofs, Gloo's order and NCCL's (a group per channel, sends that never wait)
+{
+  echo
+  echo "### On GPUs: the proof under NCCL's order as well (\`Pipeline::nccl_order_proof\`, -DMPX_BENCH_GPU)"
+  echo
+  echo "| schedule | p | m | steps | compile, both proofs (s) | on CPUs, Gloo's only (s) | NCCL-order proof (s) |"
+  echo "|---|---|---|---|---|---|---|"
+} >> "$out"
+for sched in GPipe OneFOneB Interleaved1F1B ZBH1; do
+  per=2; [ "$sched" = ZBH1 ] && per=3
+  t=$(best -DMPX_BENCH_P=64 -DMPX_BENCH_M=512 -DMPX_BENCH_SCHED="$sched" -DMPX_BENCH_GPU)
+  printf '| %s | 64 | 512 | %d | %.2f | %.2f | %.2f |\n' "$sched" $((64 * 512 * per)) "$t" "${cpu_time[$sched]}" "$(echo "$t - ${cpu_time[$sched]}" | bc -l)" >> "$out"
+  echo "$sched on GPUs p=64 m=512: $t s"
 done
 echo "wrote $out"
 append_earlier "$out"

@@ -24,7 +24,7 @@
 
 #include <mpx/action.hpp>            // mpx::Layout, mpx::Table, mpx::FrozenTable
 #include <mpx/balance.hpp>           // mpx::predict, mpx::StageCosts
-#include <mpx/nccl_order.hpp>        // mpx::prove_nccl_order, mpx::OrderProof
+#include <mpx/device.hpp>            // mpx::DeviceKind
 #include <mpx/pipeline_args.hpp>     // mpx::detail::stages_of, option_value, ...
 #include <mpx/pipeline_queries.hpp>  // mpx::PipelineType, mpx::proof, mpx::proof_v, mpx::table_v, queries
 #include <mpx/proof.hpp>             // mpx::prove, mpx::Proof
@@ -243,15 +243,26 @@ struct Pipeline
   static_assert(detail::schedule_proof_failed<compile_time_proof.verdict, compile_time_proof.rank, compile_time_proof.step,
                                               compile_time_proof.action.op, compile_time_proof.action.stage,
                                               int(compile_time_proof.action.mb)>::ok);
-  /// The table under NCCL's ordering with a group per channel, the transport messages take on NCCL
-  /// (nccl_order.hpp): implied by the proof above; run outright for tables of up to 512 steps.
-  static constexpr OrderProof nccl_order_proof = [] {
-    if constexpr (!proved_at_compile_time || num_steps > 512 || !compile_time_proof.ok()) return OrderProof{};
-    else return prove_nccl_order(schedule::table(layout), Streams::per_channel);
+  /// Whether some stage sits on a GPU: messages between GPU stages travel as on NCCL, a group per channel.
+  static constexpr bool on_gpus = [] {
+    constexpr auto kinds = kinds_impl(seq{});
+    for (int k : kinds)
+      if (k == int(DeviceKind::cuda)) return true;
+    return false;
   }();
-  static_assert(detail::nccl_order_failed<nccl_order_proof.ok(), nccl_order_proof.rank, nccl_order_proof.head.op, nccl_order_proof.head.stage,
-                                          int(nccl_order_proof.head.mb), nccl_order_proof.peer, nccl_order_proof.peer_head.op,
-                                          nccl_order_proof.peer_head.stage, int(nccl_order_proof.peer_head.mb)>::ok);
+  /// The proof under NCCL's order with a group per channel (`Sends::never_wait`, proof.hpp): run at compile
+  /// time where a stage sits on a GPU. Elsewhere (CPU ranks, the NCCL-rules stand-in) the proof above
+  /// implies it — it makes every send wait for its receive, NCCL's order only removes waits — and this is
+  /// an empty Proof.
+  static constexpr Proof nccl_order_proof = [] {
+    if constexpr (!proved_at_compile_time || !on_gpus || !compile_time_proof.ok()) return Proof{};
+    else if constexpr (run_form) return prove(schedule::runs(layout), Sends::never_wait);
+    else return prove(schedule::table(layout), Sends::never_wait);
+  }();
+  static_assert(detail::nccl_order_failed<nccl_order_proof.verdict, nccl_order_proof.rank, nccl_order_proof.action.op,
+                                          nccl_order_proof.action.stage, int(nccl_order_proof.action.mb), nccl_order_proof.peer,
+                                          nccl_order_proof.peer_action.op, nccl_order_proof.peer_action.stage,
+                                          int(nccl_order_proof.peer_action.mb)>::ok);
 
   /// Builds the table (constant evaluation or run time alike).
   static constexpr Table make_table() { return schedule::table(layout); }

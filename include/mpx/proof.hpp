@@ -7,19 +7,25 @@
 /// only), whether every send meets its receive in order, and whether every rank finishes. It also yields the expected step time, bubble fraction and peak in-flight
 /// micro-batches per rank. `Pipeline` `static_assert`s each verdict.
 ///
-/// Semantics proved (Gloo's, and the strictest the executor relies on; see docs/03_schedules.md):
+/// Semantics proved (see docs/03_schedules.md):
 /// - a receive is *posted* where the table posts it and does not block;
-/// - a send *blocks* until the peer has posted the matching receive (a Gloo send completes only then);
-/// - a compute blocks until the receive it consumes has its data.
+/// - a compute blocks until the receive it consumes has its data (its send has run);
+/// - a send, by default (`Sends::wait_for_receive`, Gloo's, the strictest the executor relies on),
+///   *blocks* until the peer has posted the matching receive (a Gloo send completes only then); under
+///   `Sends::never_wait` it blocks nothing: NCCL's order where each channel has a group (a stream) of its
+///   own, as mpx's runtime builds on NCCL (runtime/boundary_links.hpp) — a send is enqueued on its
+///   channel's stream and the rank goes on; what that stream holds behind it is only the channel's later
+///   sends, which meet their receives in the same order. nccl_order.hpp models the streams one by one.
 /// An executor that waits for its sends later, or posts receives earlier, only removes waits, so it
-/// finishes too. The timeline uses asynchronous sends and free communication: it is the schedule's own
-/// bubble, under the cost model of action.hpp.
+/// finishes too; every table proved under the default is proved under `never_wait`. The timeline uses
+/// asynchronous sends and free communication: it is the schedule's own bubble, under the cost model of
+/// action.hpp.
 ///
 /// The proof of a flat table is one pass over the steps with O(1) work each. The proof of a compressed
 /// table (`RunTable`) is run_proof.hpp's: the same verdicts, the steady state fast-forwarded.
 
 #include <mpx/action.hpp>    // mpx::Step, mpx::Table, mpx::Layout, mpx::cost_of
-#include <mpx/channels.hpp>  // mpx::recv_channel, mpx::send_channel, mpx::num_channels
+#include <mpx/channels.hpp>  // mpx::recv_channel, mpx::send_channel, mpx::num_channels, mpx::peer_stage
 
 #include <array>      // std::array
 #include <cstdint>    // std::int64_t
@@ -57,13 +63,15 @@ constexpr const char* verdict_text(Verdict v)
 inline constexpr int max_ranks = 256;
 
 /// Result of `prove`. `rank`, `step` and `action` locate the first failure (for a deadlock: where the
-/// first blocked rank waits).
+/// first blocked rank waits; `peer` is the rank it waits for and `peer_action` where that one waits).
 struct Proof
 {
   Verdict verdict = Verdict::ok;
   int rank = -1;
   int step = -1;
   Action action{};
+  int peer = -1;
+  Action peer_action{};
 
   int ranks = 0;
   std::int64_t makespan = 0;                    ///< expected step time, in cost units
@@ -89,6 +97,12 @@ struct Proof
   }
 };
 
+/// Whether a send waits for the peer's matching receive to be posted (see the file comment).
+enum class Sends : std::uint8_t {
+  wait_for_receive,  ///< Gloo's (and the shared-memory rings' bound): the default
+  never_wait,        ///< NCCL's with a group per channel: the send goes on its channel's stream, the rank on
+};
+
 namespace detail
 {
 enum : std::uint8_t { done_f = 1, done_b = 2, done_w = 4 };
@@ -99,9 +113,10 @@ enum : std::uint8_t { done_f = 1, done_b = 2, done_w = 4 };
 /// Channels: 2*b carries activations from stage b to b+1, 2*b+1 gradients from stage b+1 to b.
 /// The loop body calls no functions (see schedule.hpp's NOTE).
 /// `starts`, if given, receives each step's expected start time (indexed like the table's steps); `costs`,
-/// if given, replace the unit costs of the timeline (`mpx::predict`, balance.hpp).
+/// if given, replace the unit costs of the timeline (`mpx::predict`, balance.hpp); `sends`: how a send waits.
 template <class AnyTable>
-constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr, const StageCosts* costs = nullptr)
+constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr, const StageCosts* costs = nullptr,
+                      Sends sends = Sends::wait_for_receive)
 {
   using detail::buffer;
   const Layout& l = t.layout;
@@ -120,6 +135,7 @@ constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr, const S
   if (t.malformed_rank >= 0) return fail(Verdict::bad_shape, t.malformed_rank, t.malformed_step, {});
 
   const int C = num_channels(S);
+  const bool wait = sends == Sends::wait_for_receive;
   buffer<std::uint8_t> state(std::size_t(S) * M);  // done_* bits per (stage, mb)
   buffer<int> count(std::size_t(S) * 4);            // F, B, I, W per stage
   buffer<int> sent(C), consumed(C), rposted(C);     // per channel
@@ -201,11 +217,11 @@ constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr, const S
           phase.p[r] = 1;
           progress = true;  // its receives are posted: a blocked sender may go on
         }
-        // ---- its send: blocks until the receiver has posted the matching receive
+        // ---- its send: blocks until the receiver has posted the matching receive (Gloo's)
         const int sch = send_channel(c.op, s, S, l.forward_only);
         if (sch >= 0) {
           const int idx = sent.p[sch];
-          if (rposted.p[sch] <= idx) break;  // blocked until the peer posts
+          if (wait && rposted.p[sch] <= idx) break;  // blocked until the peer posts
           sent_mb.p[std::size_t(sch) * M + idx] = c.mb;
           sent_time.p[std::size_t(sch) * M + idx] = clock.p[r];
           ++sent.p[sch];
@@ -216,18 +232,23 @@ constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr, const S
         if (k + 1 == n) ++finished;
       }
     }
-    if (!progress)
-      for (int r = 0; r < R; ++r) {
+    if (!progress) {
+      auto waits = [&](int r) {  // what rank r waits on: its send's receive, or its compute's message
         const int b = int(begin[r]), n = int(begin[r + 1]) - b;
-        if (pc.p[r] < n) {
-          const Step& c = steps[b + pc.p[r]];
-          Action a{c.op, c.stage, c.mb};
-          if (phase.p[r] == 1) a.op = c.op == Op::F ? Op::SendF : Op::SendB;
-          else if (c.op == Op::F) a.op = Op::RecvF;
-          else a.op = Op::RecvB;
+        if (pc.p[r] >= n) return Action{};
+        const Step& c = steps[b + pc.p[r]];
+        const Op op = phase.p[r] == 1 ? (c.op == Op::F ? Op::SendF : Op::SendB) : c.op == Op::F ? Op::RecvF : Op::RecvB;
+        return Action{op, c.stage, c.mb};
+      };
+      for (int r = 0; r < R; ++r)
+        if (pc.p[r] < int(begin[r + 1] - begin[r])) {
+          const Action a = waits(r);
+          const int ps = peer_stage(a.op, a.stage, S);
+          p.peer = ps >= 0 ? int(rank_of[ps]) : -1;
+          if (p.peer >= 0) p.peer_action = waits(p.peer);
           return fail(Verdict::deadlock, r, pc.p[r], a);
         }
-      }
+    }
   }
   // ---- every (stage, micro-batch) finished, with one kind of backward per stage
   for (int s = 0; s < S; ++s) {
@@ -251,6 +272,13 @@ constexpr Proof prove(const AnyTable& t, std::int64_t* starts = nullptr, const S
   }
   p.steps = p.simulated = std::int64_t(begin[R]);
   return p;
+}
+
+/// Proves a flat table with unit costs under `sends`.
+template <class AnyTable>
+constexpr Proof prove(const AnyTable& t, Sends sends)
+{
+  return prove(t, nullptr, nullptr, sends);
 }
 
 }  // namespace mpx

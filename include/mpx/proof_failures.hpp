@@ -3,7 +3,7 @@
 /// @file proof_failures.hpp
 /// The compile-time messages of a failed schedule proof: `Pipeline` instantiates these with the proof's
 /// verdict and place as template arguments, so that the compiler's error names the rank, step and action
-/// (the Gloo-order proof, proof.hpp) or the two operations that hold each other (NCCL's order). Internal.
+/// (the Gloo-order proof, proof.hpp) or the two ranks' waits that hold each other (NCCL's order). Internal.
 
 #include <mpx/action.hpp>  // mpx::Op
 #include <mpx/proof.hpp>   // mpx::Verdict
@@ -44,15 +44,18 @@ struct schedule_proof_failed
   static constexpr bool ok = true;
 };
 
-/// Raised with the two operations that hold each other when a table deadlocks under NCCL's ordering: the
-/// blocked rank's operation at the head of its stream, and the peer's head there.
-template <bool Ok, int Rank, Op Head, int HeadStage, int HeadMicrobatch, int Peer, Op PeerHead, int PeerStage, int PeerMicrobatch>
+/// Raised with the two ranks that wait for each other when a table deadlocks under NCCL's order with a
+/// group per channel (`Sends::never_wait`): the blocked rank's wait (the message its compute needs) and
+/// where the rank that should send it waits itself. Implied by the Gloo-order proof, so a table that
+/// passes that one never raises this (docs/03).
+template <Verdict V, int Rank, Op Waits, int Stage, int Microbatch, int Peer, Op PeerWaits, int PeerStage, int PeerMicrobatch>
 struct nccl_order_failed
 {
-  static_assert(Ok, "mpx::Pipeline: the schedule table deadlocks under NCCL's ordering (a receive at the head of a group's "
-                    "queue holds what follows it): rank Rank's Head of stage HeadStage, micro-batch HeadMicrobatch, waits "
-                    "behind rank Peer's PeerHead of stage PeerStage, micro-batch PeerMicrobatch (the template arguments of "
-                    "mpx::detail::nccl_order_failed above); post that receive later");
+  static_assert(V == Verdict::ok,
+                "mpx::Pipeline: the schedule table deadlocks under NCCL's order (a group per channel: a compute waits "
+                "for a message its peer never sends): rank Rank waits on Waits of stage Stage, micro-batch Microbatch, "
+                "while rank Peer waits on PeerWaits of stage PeerStage, micro-batch PeerMicrobatch (the template "
+                "arguments of mpx::detail::nccl_order_failed above); reorder the table");
   static constexpr bool ok = true;
 };
 

@@ -8,8 +8,9 @@
 /// evaluator.
 
 #include <mpx/action.hpp>    // mpx::Layout, mpx::cost_of, mpx::is_compute
-#include <mpx/channels.hpp>  // mpx::recv_channel, mpx::send_channel, mpx::num_channels
+#include <mpx/channels.hpp>  // mpx::recv_channel, mpx::send_channel, mpx::num_channels, mpx::peer_stage
 #include <mpx/proof.hpp>     // mpx::Proof, mpx::Verdict, mpx::max_ranks
+#include <mpx/run_facts.hpp> // mpx::detail::RunFacts, run_facts
 #include <mpx/runs.hpp>      // mpx::RunTable, mpx::Run, mpx::RunAction
 
 #include <cstdint>  // std::int64_t
@@ -35,7 +36,8 @@ namespace mpx
 /// whole periods as every rank's run (and its posting cursor) still holds, and steps on.
 /// `Proof::simulated` counts the computes it stepped through one by one. `costs`, if given, replace the
 /// unit costs of the timeline (the fast-forward compares exact integer times, whatever they are).
-constexpr Proof prove(const RunTable& t, const StageCosts* costs = nullptr)
+/// `sends`: how a send waits (proof.hpp); under `never_wait` a channel may hold all its m messages unread.
+constexpr Proof prove(const RunTable& t, const StageCosts* costs = nullptr, Sends sends = Sends::wait_for_receive)
 {
   using detail::buffer;
   const Layout& l = t.layout;
@@ -55,62 +57,23 @@ constexpr Proof prove(const RunTable& t, const StageCosts* costs = nullptr)
   const Run* RN = t.runs.data();
   const std::uint32_t* rb = t.begin.data();
   const std::uint16_t* rank_of = l.rank_of.data();
-  const std::size_t NA = t.actions.size(), NR = rb[R];
+  const std::size_t NA = t.actions.size();
   for (int r = 0; r < R; ++r)
     for (std::uint32_t j = rb[r]; j < rb[r + 1]; ++j)
       if (RN[j].len == 0 || RN[j].count == 0 || std::size_t(RN[j].first) + RN[j].len > NA) return fail(Verdict::bad_shape, r, -1, {});
 
-  // ---- per action, what does not change with the repetition: its counter (kind * S + stage: kinds F,
-  // B-or-I, W), the counter that must be past its micro-batch, its receive and send channels (2b carries
-  // activations from stage b to b+1, 2b+1 gradients from b+1 to b), its cost, and a verdict if it is
-  // invalid here (0: valid)
-  buffer<int> ctr(NA), need(NA), rch(NA), sch(NA), bad(NA), flight(NA), full(NA);
-  buffer<std::int64_t> cost(NA);
-  buffer<std::int64_t> lim(NA);  // M, or -1 for an invalid action (one comparison checks both)
-  for (int r = 0; r < R; ++r)
-    for (std::uint32_t j = rb[r]; j < rb[r + 1]; ++j)
-      for (std::uint32_t i = RN[j].first; i < RN[j].first + RN[j].len; ++i) {
-        const RunAction& e = A[i];
-        const int s = e.stage;
-        bad.p[i] = !is_compute(e.op)                 ? int(Verdict::bad_shape)
-                   : (s >= S || rank_of[s] != r)      ? int(Verdict::foreign_action)
-                   : e.op != Op::F && !l.trains(s)    ? int(Verdict::forward_only_backward)
-                                                      : 0;
-        lim.p[i] = bad.p[i] ? -1 : M;
-        rch.p[i] = sch.p[i] = -1;
-        if (bad.p[i]) continue;
-        const int kind = e.op == Op::F ? 0 : e.op == Op::W ? 2 : 1;
-        ctr.p[i] = kind * S + s;
-        need.p[i] = kind == 0 ? 3 * S : (kind - 1) * S + s;  // counter 3S never limits
-        flight.p[i] = e.op == Op::F ? (l.trains(s) ? 1 : 0) : (e.op == Op::B || e.op == Op::W) ? -1 : 0;
-        full.p[i] = e.op == Op::B ? s : S;                     // nb[S] counts nothing anyone reads
-        rch.p[i] = recv_channel(e.op, s, S);
-        sch.p[i] = send_channel(e.op, s, S, l.forward_only);
-        cost.p[i] = costs ? costs->of(e.op, s) : cost_of(e.op);
-      }
-  // ---- a run may be fast-forwarded through when it repeats, its actions are valid with every
-  // repetition's micro-batch in range, and each entry's stride is the count of its (op, stage) in the
-  // pattern, whose entries carry consecutive micro-batches (the form's rule)
-  buffer<std::uint8_t> jumpable(NR);
-  buffer<std::int64_t> seen(std::size_t(3) * S), next(std::size_t(3) * S);
-  for (std::uint32_t j = 0; j < NR; ++j) {
-    const Run& run = RN[j];
-    bool ok = run.count > 1;
-    for (std::uint32_t i = run.first; ok && i < run.first + run.len; ++i) {
-      ok = bad.p[i] == 0 && std::uint64_t(A[i].mb) + std::uint64_t(run.count - 1) * A[i].stride < std::uint64_t(M);
-      if (!ok) break;
-      const int c = ctr.p[i];
-      if (seen.p[c] == 0) next.p[c] = A[i].mb;
-      ok = A[i].mb == next.p[c];
-      ++seen.p[c], ++next.p[c];
-    }
-    for (std::uint32_t i = run.first; ok && i < run.first + run.len; ++i) ok = std::int64_t(A[i].stride) == seen.p[ctr.p[i]];
-    for (std::uint32_t i = run.first; i < run.first + run.len; ++i)
-      if (bad.p[i] == 0) seen.p[ctr.p[i]] = 0;
-    jumpable.p[j] = ok;
-  }
+  // ---- per action, what does not change with the repetition; per run, whether it may be jumped
+  detail::RunFacts facts = detail::run_facts(t, costs);
+  const buffer<int>&ctr = facts.ctr, &need = facts.need, &rch = facts.rch, &sch = facts.sch, &bad = facts.bad, &flight = facts.flight,
+        &full = facts.full;
+  const buffer<std::int64_t>&cost = facts.cost, &lim = facts.lim;
+  const buffer<std::uint8_t>& jumpable = facts.jumpable;
 
-  const int C = num_channels(S), cap = look + 1;
+  // messages sent and not yet consumed, per channel: at most the receives posted ahead (look) while a send
+  // waits for its receive; any number up to m when it does not
+  const bool wait = sends == Sends::wait_for_receive;
+  const int C = num_channels(S), cap = wait ? look + 1 : M + 1;
+  const std::int64_t yield_after = wait ? 64 : 1;  // computes before a rank that never blocks yields (below)
   buffer<std::int64_t> cnt(std::size_t(3) * S + 1), nb(std::size_t(S) + 1);  // done per (kind, stage); full backwards per stage
   cnt.p[3 * S] = std::int64_t(1) << 62;
   buffer<std::int64_t> sent(C), consumed(C), rposted(C);
@@ -225,7 +188,9 @@ constexpr Proof prove(const RunTable& t, const StageCosts* costs = nullptr)
         wmax.p[r] = in_flight.p[r];
       }
       for (int ch = 0; ch < C; ++ch) s_sent.p[ch] = sent.p[ch], s_consumed.p[ch] = consumed.p[ch], s_rposted.p[ch] = rposted.p[ch];
-      for (std::size_t i = 0; i < std::size_t(C) * cap; ++i) s_time.p[i] = sent_time.p[i];
+      for (int ch = 0; ch < C; ++ch)  // the messages in flight: the comparison reads only these
+        for (std::int64_t i = consumed.p[ch]; i < sent.p[ch]; ++i)
+          s_time.p[std::size_t(ch) * cap + std::size_t(i % cap)] = sent_time.p[std::size_t(ch) * cap + std::size_t(i % cap)];
       for (int c = 0; c < 3 * S; ++c) s_cnt.p[c] = cnt.p[c];
       for (int s = 0; s < S; ++s) s_nb.p[s] = nb.p[s];
     }
@@ -288,7 +253,7 @@ constexpr Proof prove(const RunTable& t, const StageCosts* costs = nullptr)
         const int sc = sch.p[x];
         if (sc >= 0) {
           const std::int64_t idx = sent.p[sc];
-          if (rposted.p[sc] <= idx) break;  // blocked until the peer posts
+          if (wait && rposted.p[sc] <= idx) break;  // blocked until the peer posts
           sent_time.p[std::size_t(sc) * cap + std::size_t(idx % cap)] = clk;
           sent.p[sc] = idx + 1;
         }
@@ -299,7 +264,7 @@ constexpr Proof prove(const RunTable& t, const StageCosts* costs = nullptr)
           if (++q == count) {
             q = 0, ++j, ++run_changes;
             if (k < n) first = RN[j].first, len = RN[j].len, count = RN[j].count;
-          } else if (k - k0 >= 64 && jumpable.p[j]) {
+          } else if (k - k0 >= yield_after && jumpable.p[j]) {
             break;  // a rank that never blocks yields between repetitions, so that its period shows
           }
         }
@@ -310,15 +275,22 @@ constexpr Proof prove(const RunTable& t, const StageCosts* costs = nullptr)
       pj.p[r] = cj, pq.p[r] = cq, pa.p[r] = ca, pk.p[r] = ck, pending.p[r] = pend;
       clock.p[r] = clk, busy.p[r] = bsy, in_flight.p[r] = fl, peak.p[r] = top, wmax.p[r] = wm;
     }
-    if (!progress)
+    if (!progress) {
+      auto waits = [&](int r) {  // what rank r waits on: its send's receive, or its compute's message
+        if (rk.p[r] >= nsteps.p[r]) return Action{};
+        const RunAction& e = A[RN[rj.p[r]].first + ra.p[r]];
+        const Op op = phase.p[r] == 1 ? (e.op == Op::F ? Op::SendF : Op::SendB) : e.op == Op::F ? Op::RecvF : Op::RecvB;
+        return Action{op, e.stage, std::uint32_t(std::int64_t(e.mb) + rq.p[r] * std::int64_t(e.stride))};
+      };
       for (int r = 0; r < R; ++r)
         if (rk.p[r] < nsteps.p[r]) {
-          const RunAction& e = A[RN[rj.p[r]].first + ra.p[r]];
-          Action a{e.op, e.stage, std::uint32_t(std::int64_t(e.mb) + rq.p[r] * std::int64_t(e.stride))};
-          if (phase.p[r] == 1) a.op = e.op == Op::F ? Op::SendF : Op::SendB;
-          else a.op = e.op == Op::F ? Op::RecvF : Op::RecvB;
+          const Action a = waits(r);
+          const int ps = peer_stage(a.op, a.stage, S);
+          p.peer = ps >= 0 ? int(rank_of[ps]) : -1;
+          if (p.peer >= 0) p.peer_action = waits(p.peer);
           return fail(Verdict::deadlock, r, rk.p[r], a);
         }
+    }
   }
   // ---- every (stage, micro-batch) finished, with one kind of backward per stage
   for (int s = 0; s < S; ++s) {
@@ -339,5 +311,8 @@ constexpr Proof prove(const RunTable& t, const StageCosts* costs = nullptr)
   p.simulated = total - skipped;
   return p;
 }
+
+/// Proves a compressed table with unit costs under `sends`.
+constexpr Proof prove(const RunTable& t, Sends sends) { return prove(t, nullptr, sends); }
 
 }  // namespace mpx
