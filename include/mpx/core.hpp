@@ -12,6 +12,7 @@
 #include <mpx/device.hpp>       // mpx::GPU, mpx::CPU, mpx::Device
 #include <mpx/fingerprint.hpp>  // mpx::fingerprint_v
 #include <mpx/module.hpp>       // mpx::StageModule, mpx::module_traits
+#include <mpx/nccl_order.hpp>   // mpx::prove_nccl_order, mpx::Streams (the reference model of NCCL's order)
 #include <mpx/pipeline.hpp>     // mpx::Pipeline, queries (pipeline_queries.hpp)
 #include <mpx/policy.hpp>       // mpx::Frozen, mpx::Checkpointed, mpx::Optimizer, ...
 #include <mpx/print.hpp>        // mpx::print
