@@ -6,6 +6,7 @@
 //   moondream_train --layout 4 --schedule zbh1       # vision | text x 3
 //   moondream_train --tp 2                           # vision | text split over 2 ranks (tensor parallel): 3 ranks
 //   moondream_train --tp 2 --vision-tp 2             # vision split over 2 ranks | text over 2: 4 ranks
+//   moondream_train --layout 2x2 --shard 2           # 2 replicas x 2 stages, each replica holding half the optimizer state and gradients
 //   moondream_train --layout 4b --freeze-vision on   # 4 devices, partitioned where the config's costs say
 //   moondream_train --config md2 --freeze-vision on --plan   # where each layout puts the work, predicted
 //   moondream_train --config md2 --weights model.safetensors --tokenizer tokenizer.json --data docci.jsonl
@@ -36,6 +37,9 @@ int main(int argc, char** argv)
   app.add_option("--tp", o.tp, "tensor-parallel degree of the text stage (layouts 2 and 2x2): 1 or 2")->check(CLI::IsMember({1, 2}))->capture_default_str();
   app.add_option("--vision-tp", o.vision_tp, "tensor-parallel degree of the vision stage (layouts 2 and 2x2): 1 or 2")
       ->check(CLI::IsMember({1, 2}))
+      ->capture_default_str();
+  app.add_option("--shard", o.shard, "ZeRO level over the data-parallel replicas (layout 2x2): 0 none, 1 optimizer state, 2 and gradients")
+      ->check(CLI::IsMember({0, 1, 2}))
       ->capture_default_str();
   app.add_option("--schedule", o.schedule, "gpipe | 1f1b | zbh1")->check(CLI::IsMember({"gpipe", "1f1b", "zbh1"}))->capture_default_str();
   app.add_option("--microbatch-size", o.microbatch_size, "samples per micro-batch (a step is " + std::to_string(o.microbatches()) + " micro-batches per replica)")
@@ -93,6 +97,9 @@ int main(int argc, char** argv)
     if (o.vision_tp > 1 && (o.layout == "1" || o.layout == "4"))
       throw mpx::config_error("moondream_train: --vision-tp " + std::to_string(o.vision_tp) + " cuts the vision stage of layout 2 or 2x2; layout " +
                               o.layout + (o.layout == "1" ? " is one process" : " keeps vision on one rank") + ": use --layout 2 or 2x2, or --vision-tp 1");
+    if (o.shard > 0 && o.layout != "2x2")
+      throw mpx::config_error("moondream_train: --shard " + std::to_string(o.shard) + " shards over data-parallel replicas; layout " + o.layout +
+                              " has one replica: use --layout 2x2, or --shard 0");
     if (o.layout == "1" && !o.trace.empty())
       throw mpx::config_error("moondream_train: --trace records a pipeline's actions; layout 1 is one process: use --layout 2, 4 or 2x2");
     if (o.layout == "1" && o.max_restarts > 0)

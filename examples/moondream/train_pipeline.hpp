@@ -131,6 +131,7 @@ int train_pipeline(const Options& o)
   for (int i = 0; i < P::num_stages; ++i)
     if (plan.encoder_only(i)) to.lr_scale[std::size_t(i)] = o.vision_lr_scale;
   to.checkpoint_all = o.checkpoint;
+  to.sharding = o.shard;  // each replica steps 1/2 of every trained stage (a sharded stage's make_optimizer gets its pieces)
   to.checkpoint_blocks = o.checkpoint_blocks;
   to.checkpoints.checksums = o.checkpoint_checksums == "on";
   to.trace = !o.trace.empty();

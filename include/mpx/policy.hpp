@@ -14,6 +14,7 @@
 /// | `TensorParallel<N>`       | split the stage over N devices by heads (N must divide the heads)   |
 /// | `Layers<b, e>`            | the stage runs layers [b, e) of its module (layers.hpp)             |
 /// | `Reads<"f"...>`           | the stage reads these fields of the batch (batch.hpp)               |
+/// | `Sharded<L>`              | ZeRO level L over the data-parallel replicas: 1 optimizer state, 2 gradients too (runtime/sharded_optimizer.hpp) |
 ///
 /// Concept `Policy` — minimal complete definition: `static constexpr bool is_policy = true` in
 /// `mpx::policy_traits<T>`. Models: every type in the table.
@@ -108,6 +109,19 @@ struct Layers
   static constexpr int end = End;
 };
 
+/// Sharded data parallelism (ZeRO) of the stage over its data-parallel replicas: at level 1 each replica
+/// keeps and steps 1/d of the optimizer state and all-gathers the updated parameters; at level 2 it keeps
+/// 1/d of the gradients too from the end of the step's reduction (runtime/sharded_optimizer.hpp).
+/// Fully sharded parameters (ZeRO-3) are not implemented yet.
+template <int Level>
+struct Sharded
+{
+  static_assert(Level == 1 || Level == 2,
+                "mpx::Sharded<L>: L must be 1 (optimizer state) or 2 (optimizer state and gradients); fully sharded "
+                "parameters (3) are not implemented yet");
+  static constexpr int value = Level;
+};
+
 /// Fields of the batch this stage reads, besides its input from the previous stage.
 template <fixed_string... Fields>
 struct Reads
@@ -128,6 +142,7 @@ template <class P> struct policy_traits<WireCompression<P>> { static constexpr b
 template <int N> struct policy_traits<TensorParallel<N>> { static constexpr bool is_policy = true; };
 template <int B, int E> struct policy_traits<Layers<B, E>> { static constexpr bool is_policy = true; };
 template <fixed_string... F> struct policy_traits<Reads<F...>> { static constexpr bool is_policy = true; };
+template <int L> struct policy_traits<Sharded<L>> { static constexpr bool is_policy = true; };
 
 /// Concept: a stage policy (see the table above).
 template <class T>
@@ -147,6 +162,8 @@ template <class T> inline constexpr bool is_layers_policy = false;
 template <int B, int E> inline constexpr bool is_layers_policy<Layers<B, E>> = true;
 template <class T> inline constexpr bool is_reads_policy = false;
 template <fixed_string... F> inline constexpr bool is_reads_policy<Reads<F...>> = true;
+template <class T> inline constexpr bool is_sharded_policy = false;
+template <int L> inline constexpr bool is_sharded_policy<Sharded<L>> = true;
 
 }  // namespace detail
 }  // namespace mpx

@@ -29,6 +29,7 @@ template <class T> struct is_wire_p : std::bool_constant<is_wire_policy<T>> {};
 template <class T> struct is_tp_p : std::bool_constant<is_tp_policy<T>> {};
 template <class T> struct is_layers_p : std::bool_constant<is_layers_policy<T>> {};
 template <class T> struct is_reads_p : std::bool_constant<is_reads_policy<T>> {};
+template <class T> struct is_sharded_p : std::bool_constant<is_sharded_policy<T>> {};
 template <class T> struct is_frozen_p : std::bool_constant<std::is_same_v<T, Frozen>> {};
 /// Whether tensor-parallel degree `n` splits a declared size evenly (a size <= 0 is not declared: true).
 inline constexpr bool tp_divides(long size, int n) { return n == 1 || size <= 0 || size % n == 0; }
@@ -51,6 +52,8 @@ template <class T> struct policy_arg { using type = void; };
 template <template <class> class W, class T> struct policy_arg<W<T>> { using type = T; };
 template <class T> struct tp_degree : std::integral_constant<int, 1> {};
 template <int N> struct tp_degree<TensorParallel<N>> : std::integral_constant<int, N> {};
+template <class T> struct sharding_level : std::integral_constant<int, 0> {};
+template <int L> struct sharding_level<Sharded<L>> : std::integral_constant<int, Sharded<L>::value> {};  // instantiated: its checks run
 template <class T> struct layer_range { static constexpr int begin = 0, end = to_end; };
 template <int B, int E> struct layer_range<Layers<B, E>> { static constexpr int begin = B, end = E; };
 }  // namespace detail
@@ -68,7 +71,7 @@ struct Stage
                 "mpx::Stage<Module, Device, Policies...>: each policy must be one of mpx::Frozen, mpx::Checkpointed, "
                 "mpx::CheckpointBlocks, "
                 "mpx::Optimizer<O>, mpx::Precision<P>, mpx::WireCompression<P>, mpx::TensorParallel<N>, "
-                "mpx::Layers<b, e>, mpx::Reads<\"field\"...>");
+                "mpx::Layers<b, e>, mpx::Reads<\"field\"...>, mpx::Sharded<L>");
 
   using module = Module;
   using device = Dev;
@@ -140,6 +143,12 @@ struct Stage
                 "mpx::Stage: mpx::Layers<b, e> reaches past the module's num_layers; keep e <= num_layers");
 
   using reads = typename detail::first_of<detail::is_reads_p, Reads<>, Policies...>::type;
+
+  /// The ZeRO level over the data-parallel replicas (Sharded<L>; 0: every replica holds everything).
+  static constexpr int sharding = detail::sharding_level<typename detail::first_of<detail::is_sharded_p, detail::no_policy, Policies...>::type>::value;
+  static_assert(detail::count_if<detail::is_sharded_p, Policies...> <= 1, "mpx::Stage: a stage takes at most one mpx::Sharded<L>");
+  static_assert(!(frozen && sharding > 0),
+                "mpx::Stage: a Frozen stage has no gradients and no optimizer state to shard; remove mpx::Sharded<L> or mpx::Frozen");
 
   using policies = void (*)(Policies*...);  // the policy list, for printing and fingerprints
 };

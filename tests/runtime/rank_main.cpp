@@ -192,6 +192,12 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
       trainer_slot->load(out + "/state");                                // ... replaced by the saved ones
       if (env.rank == 0) std::printf("resumed at step %ld\n", trainer_slot->steps_done());
     }
+    if (step == knobs.resume_from_step) {  // go on from another run's files, in new trainers (fresh weights and optimizers)
+      trainer_slot.reset();
+      trainer_slot.emplace(world, make, input, tiny_tp::loss, options);
+      trainer_slot->load(knobs.resume_from);
+      if (env.rank == 0) std::printf("resumed at step %ld from %s\n", trainer_slot->steps_done(), knobs.resume_from.c_str());
+    }
     auto& trainer = *trainer_slot;
     if (env.rank == kill_rank && step == kill_step) {
       std::cerr << "rank " << env.rank << " dies now (test, by " << knobs.die_by << ")\n";
@@ -204,6 +210,12 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
     if (env.rank == 0 && options.scaler.enabled) std::printf("scale %ld %g skipped %d\n", step, st.loss_scale, int(st.skipped));
   }
   auto& trainer = *trainer_slot;
+  for (int s = 0; s < P::num_stages; ++s)  // what each rank's optimizer steps: under ZeRO its shard
+    if (trainer.holds(s) && world.replicas > 1) {
+      std::int64_t all = 0;
+      for (auto& p : trainer.parameters(s)) all += p.requires_grad() ? p.numel() : 0;
+      std::printf("rank %d stage %d steps %lld of %lld\n", env.rank, s, (long long)trainer.stepped_elements(s), (long long)all);
+    }
   if (world.replica == 0)
     for (int s = 0; s < P::num_stages; ++s)
       if (trainer.holds(s)) {

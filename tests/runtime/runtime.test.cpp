@@ -290,6 +290,80 @@ TEST_CASE("4 stages saved at step 2 and resumed by new trainers go on like one p
   CHECK(out.find("resumed at step 2") != std::string::npos);
 }
 
+namespace
+{
+/// Whether rank 0's output says its optimizer of stage 0 steps half (rounded up) of the stage's elements.
+bool steps_half(const std::string& out)
+{
+  long long mine = -1, all = -1;
+  const auto at = out.find("rank 0 stage 0 steps ");
+  if (at == std::string::npos || std::sscanf(out.c_str() + at, "rank 0 stage 0 steps %lld of %lld", &mine, &all) != 2) return false;
+  CAPTURE(mine, all);
+  return all > 0 && mine == (all + 1) / 2;
+}
+}  // namespace
+
+TEST_CASE("ZeRO-1 and ZeRO-2: 2 replicas x 2 slots, each replica stepping half of every stage's parameters, match one process under 1F1B, ZB-H1 and GPipe", "[runtime][parity][zero]")
+{
+  for (const char* name : {"dp2-p2-1f1b-zero1", "dp2-p2-1f1b-zero2", "dp2-p2-zbh1-zero2", "dp2-p2-gpipe-zero1"}) {
+    std::string out;
+    check_parity(name, 1e-5, 1e-5, {}, -1, &out);
+    CHECK(steps_half(out));  // rank 0's optimizer steps its half of stage 0, not the whole stage
+  }
+  scenario::Knobs overlap;  // no clipping: the optimizers step (and gather) before the end-of-step sum, which counts the shards
+  overlap.overlap = true;
+  check_parity("dp2-p2-1f1b-zero2", 1e-5, 1e-5, {}, -1, nullptr, overlap);
+}
+
+TEST_CASE("ZeRO-2 over tensor-parallel shards: DP 2 x PP 2 x TP 2 (8 ranks) trains like one process", "[runtime][parity][zero][tp]")
+{
+  std::string out;
+  check_parity("dp2-tp2-pp2-zero2", 1e-5, 1e-5, {}, -1, &out);
+  CHECK(steps_half(out));  // half of rank 0's tensor-parallel shard of stage 0
+}
+
+TEST_CASE("A replica killed before the all-gather of the sharded parameters ends its peer there with an error naming step and gather", "[runtime][errors][zero]")
+{
+  // ZeRO-1, 2 replicas x 2 stages, no clipping: the optimizers step, then all-gather, before the end-of-step
+  // sum. Rank 2 (replica 1 of stage 0) ends after its walk of step 2; rank 0, its data-parallel peer, waits
+  // in the gather
+  const std::string dir = "/tmp/mpx-zero-kill-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  auto res = test::spawn(4, {MPX_RANK_EXE, "dp2-p2-1f1b-zero1", dir, "--overlap", "--exit-before-sum=2,2"}, std::chrono::seconds(90));
+  INFO(all_output(res));
+  CHECK(res[2].code == 3);
+  CHECK(res[0].code == 1);
+  CHECK(res[0].seconds < 45);
+  CHECK(res[0].output.find("step 2, the all-gather of the sharded parameters (ZeRO)") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("A sharded run's checkpoint holds the whole optimizer state by name: saved at step 2, it goes on like one process in the same sharding, in another and unsharded, and an unsharded one goes on sharded", "[runtime][parity][zero]")
+{
+  const std::string dir = "/tmp/mpx-zero-resume-" + std::to_string(::getpid());
+  auto run = [&](const std::string& name, const std::string& out, const scenario::Knobs& knobs) {
+    std::filesystem::create_directories(out);
+    std::vector<std::string> args{MPX_RANK_EXE, name, out};
+    for (auto& f : knobs.flags()) args.push_back(f);
+    auto res = test::spawn(scenario::spec(name).world, args, std::chrono::seconds(240));
+    INFO(all_output(res));
+    for (auto& r : res) REQUIRE(r.code == 0);
+    CHECK(res[0].output.find("resumed at step 2") != std::string::npos);
+    compare_with_reference(scenario::spec(name), res[0].output, out, 1e-5, 1e-5, -1, knobs);
+  };
+  scenario::Knobs save;  // save at step 2, then go on from the files (new trainers: fresh weights and optimizer state)
+  save.resume_at = 2;
+  run("dp2-p2-1f1b-zero2", dir + "/zero2", save);
+  run("dp2-p2-1f1b", dir + "/plain", save);
+  for (auto [name, from] : {std::pair{"dp2-p2-1f1b", "zero2"}, {"dp2-p2-1f1b-zero1", "zero2"}, {"dp2-p2-1f1b-zero1", "plain"}}) {
+    scenario::Knobs resume;
+    resume.resume_from_step = 2;
+    resume.resume_from = dir + "/" + from + "/state";
+    run(name, dir + "/" + name + "-from-" + from, resume);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("A killed tensor-parallel peer ends the survivors with an error naming rank, step and action", "[runtime][errors][tp]")
 {
   // TP 2 x PP 2; rank 1 (the tensor-parallel peer of rank 0) dies at the start of step 2. Timeout 10 s.

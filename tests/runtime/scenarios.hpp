@@ -32,6 +32,10 @@ template <class Sched>
 using P4 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 1>>, Stage<Model, CPU<1>, Layers<1, 3>>,
                          Stage<Model, CPU<2>, Layers<3, 5>>, Stage<Model, CPU<3>, Layers<5, 6>>, Schedule<Sched>,
                          Microbatches<4>, mpx::Batch<tiny::Batch>>;
+/// Both stages sharded over the replicas (ZeRO level L: optimizer state; 2: gradients too).
+template <class Sched, int L>
+using P2Sharded = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 3>, mpx::Sharded<L>>, Stage<Model, CPU<1>, Layers<3, 6>, mpx::Sharded<L>>,
+                                Schedule<Sched>, Microbatches<4>, mpx::Batch<tiny::Batch>>;
 /// Activations and gradients cross the wire in bf16.
 using P2Bf16 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 3>, mpx::WireCompression<mpx::BF16>>,
                              Stage<Model, CPU<1>, Layers<3, 6>>, Microbatches<4>, mpx::Batch<tiny::Batch>>;
@@ -79,6 +83,10 @@ using PTp2 = mpx::Pipeline<Stage<tiny_tp::Model, CPU<0>, Layers<0, 6>, mpx::Tens
 template <class M>
 using PTp2Pp2 = mpx::Pipeline<Stage<M, CPU<0>, Layers<0, 3>, mpx::TensorParallel<2>, TpStage>,
                               Stage<M, CPU<1>, Layers<3, 6>, mpx::TensorParallel<2>, TpStage>, Microbatches<4>, mpx::Batch<tiny::Batch>>;
+/// ZeRO-2 over tensor-parallel shards: each replica holds half of each tensor-parallel rank's gradients and state.
+using PTp2Pp2Sharded = mpx::Pipeline<Stage<tiny_tp::Model, CPU<0>, Layers<0, 3>, mpx::TensorParallel<2>, TpStage, mpx::Sharded<2>>,
+                                     Stage<tiny_tp::Model, CPU<1>, Layers<3, 6>, mpx::TensorParallel<2>, TpStage, mpx::Sharded<2>>,
+                                     Microbatches<4>, mpx::Batch<tiny::Batch>>;
 using PTp1Tp2 = mpx::Pipeline<Stage<tiny_tp::Model, CPU<0>, Layers<0, 3>, TpStage>,
                               Stage<tiny_tp::Model, CPU<1>, Layers<3, 6>, mpx::TensorParallel<2>, TpStage>, Microbatches<4>,
                               mpx::Batch<tiny::Batch>>;
@@ -125,6 +133,11 @@ bool visit(const std::string& name, F&& f)
   if (is("p3x2-interleaved")) return f(type<P3x2>{}, 1), true;
   if (is("dp2-p2-1f1b")) return f(type<P2<OneFOneB>>{}, 2), true;
   if (is("dp2-p2-zbh1")) return f(type<P2<ZBH1>>{}, 2), true;
+  if (is("dp2-p2-1f1b-zero1")) return f(type<P2Sharded<OneFOneB, 1>>{}, 2), true;
+  if (is("dp2-p2-1f1b-zero2")) return f(type<P2Sharded<OneFOneB, 2>>{}, 2), true;
+  if (is("dp2-p2-zbh1-zero2")) return f(type<P2Sharded<ZBH1, 2>>{}, 2), true;
+  if (is("dp2-p2-gpipe-zero1")) return f(type<P2Sharded<GPipe, 1>>{}, 2), true;
+  if (is("dp2-tp2-pp2-zero2")) return f(type<PTp2Pp2Sharded>{}, 2), true;
   if (is("p2-frozen-gpipe")) return f(type<P2Frozen<GPipe>>{}, 1), true;
   if (is("p2-frozen-1f1b")) return f(type<P2Frozen<OneFOneB>>{}, 1), true;
   if (is("p2-frozen-zbh1")) return f(type<P2Frozen<ZBH1>>{}, 1), true;
@@ -186,6 +199,8 @@ struct Knobs
   int exit_rank = -1;            ///< --exit-before-sum=RANK,STEP: that rank's process ends after its walk of that step
   long exit_step = -1;
   long resume_at = -1;           ///< --resume-at=STEP: save there, then go on from the files in new trainers
+  long resume_from_step = -1;    ///< --resume-from=STEP,DIR: at that step, new trainers go on from DIR (another run's --resume-at files)
+  std::string resume_from;
   /// --die-by=exit|kill|stop: how the rank told to die (kill-rank, kill-step) does it: `_exit(3)`, SIGKILL, or
   /// SIGSTOP (alive and silent; a child of its SIGKILLs it 25 s later)
   std::string die_by = "exit";
@@ -201,6 +216,7 @@ struct Knobs
     if (inf_stage >= 0) f.push_back("--inject-inf=" + std::to_string(inf_stage) + "," + std::to_string(inf_step));
     if (exit_rank >= 0) f.push_back("--exit-before-sum=" + std::to_string(exit_rank) + "," + std::to_string(exit_step));
     if (resume_at >= 0) f.push_back("--resume-at=" + std::to_string(resume_at));
+    if (resume_from_step >= 0) f.push_back("--resume-from=" + std::to_string(resume_from_step) + "," + resume_from);
     if (die_by != "exit") f.push_back("--die-by=" + die_by);
     return f;
   }
@@ -224,6 +240,8 @@ struct Knobs
       else if (name == "--inject-inf") pair(value, k.inf_stage, k.inf_step);
       else if (name == "--exit-before-sum") pair(value, k.exit_rank, k.exit_step);
       else if (name == "--resume-at") k.resume_at = std::stol(value);
+      else if (name == "--resume-from" && value.find(',') != std::string::npos)
+        k.resume_from_step = std::stol(value.substr(0, value.find(','))), k.resume_from = value.substr(value.find(',') + 1);
       else if (name == "--die-by" && (value == "exit" || value == "kill" || value == "stop")) k.die_by = value;
       else throw std::invalid_argument("unknown flag " + f);
     }

@@ -24,4 +24,10 @@ inline void run(mpx::World& world, const Batch& batch)
   const mpx::StepStats st = trainer.step(mpx::slice_microbatches(batch, Model::num_microbatches));
   (void)st;
 }
+// docs/09_sharded_data_parallel.md: ZeRO levels per stage
+using ShardedModel = mpx::Pipeline<mpx::Stage<torch::nn::Linear, mpx::CPU<0>, mpx::Sharded<1>>,
+                                   mpx::Stage<torch::nn::Linear, mpx::CPU<1>, mpx::Sharded<2>, mpx::Optimizer<mpx::AdamW8bit>>,
+                                   mpx::Microbatches<8>>;
+static_assert(ShardedModel::stage<0>::sharding == 1 && ShardedModel::stage<1>::sharding == 2);
+static_assert(mpx::model_fingerprint_v<ShardedModel> != mpx::fingerprint_v<ShardedModel>);
 }  // namespace snippets

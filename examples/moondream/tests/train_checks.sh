@@ -9,6 +9,8 @@
 #             tail and text layers on one stage; the frozen encoder over forward-only stages) match one process,
 #             and a 4b checkpoint resumes in layouts 2, 1 and 2b with the uninterrupted losses
 #   dp:       2 replicas x 2 stages match one process computing the same global batch
+#   shard:    ZeRO-1 and ZeRO-2 over 2 replicas x 2 stages (and over a tensor-parallel stage) match one
+#             process; their checkpoints resume unsharded and the other way round
 #   tp:       vision | text split over 2 ranks (tensor parallel, 3 ranks) matches one process for 10 steps,
 #             and so do 2 replicas of it (6 ranks); its exported model is whole (moondream_query reads it);
 #             with grouped-query attention, one key/value head shared by the 2 ranks
@@ -99,6 +101,23 @@ PY
   gqa=("${small[@]/#tiny/$work/gqa.json}")
 }
 
+# reshard "<A flags>" "<B flags>" <optimizer> <tol>: a run of A killed after its step-3 checkpoint, resumed
+# as B, repeats the uninterrupted A run's losses from step 3 within tol; $tag: a prefix for its files
+reshard() {
+  local name; name=$(tr -c 'a-z0-9\n' _ <<<"${tag:-}$1-$2-$3" | tr -s _ | sed 's/^_//')
+  local opts=("${small[@]}" --optimizer "$3" --steps 6 --save-every 3)
+  # shellcheck disable=SC2086
+  "$train" "${opts[@]}" $1 --metrics "$work/$name.full.jsonl" > /dev/null
+  # shellcheck disable=SC2086
+  if MPX_FAULT=sigkill:0:3 "$train" "${opts[@]}" $1 --save "$work/$name" > "$work/$name.log" 2>&1; then
+    echo "the run ($1) was not killed"; exit 1
+  fi
+  # shellcheck disable=SC2086
+  "$train" "${opts[@]}" $2 --resume "$work/$name" --metrics "$work/$name.resumed.jsonl" | grep "resumed from"
+  echo "$1 -> $2, $3:"
+  compare "$work/$name.full.jsonl" "$work/$name.resumed.jsonl" 3 "$4" | tail -n 1
+}
+
 case $check in
   parity2|parity4)
     layout=${check#parity}
@@ -170,6 +189,31 @@ PY
     "$train" "${small[@]}" --layout 2x2 --steps 6 --metrics "$work/dp.jsonl" --trace "$work/trace.json" | grep "bubble"
     compare "$work/single.jsonl" "$work/dp.jsonl"
     python3 -c "import json, sys; t = json.load(open(sys.argv[1])); assert len(t['traceEvents']) > 0; print(len(t['traceEvents']), 'trace events')" "$work/trace.json"
+    ;;
+  shard)
+    # ZeRO over 2 replicas x 2 stages (each replica steps half of every trained stage's parameters and keeps
+    # half of their optimizer state; level 2 half of their gradients too): levels 1 and 2 match one process
+    # computing the same global batch (losses, gradient norms, every weight); level 2 over the tensor-parallel
+    # text stage too; the 8-bit recipe against unsharded 2x2 within its quantisation (the blocks start at the
+    # shards' cuts: 1e-3); checkpoints hold the whole state by name, so a sharded run resumes unsharded, in one
+    # process and the other way round
+    "$train" "${small[@]}" --layout 1 --emulate-replicas 2 --steps 6 --save "$work/single" --metrics "$work/single.jsonl" > /dev/null
+    parity_run single zero1 --layout 2x2 --shard 1 --steps 6 | grep "worst"
+    parity_run single zero2 --layout 2x2 --shard 2 --steps 6 | grep "worst"
+    "$train" "${small[@]}" --layout 2x2 --tp 2 --shard 2 --steps 6 --metrics "$work/zero2tp.jsonl" > /dev/null
+    compare "$work/single.jsonl" "$work/zero2tp.jsonl" | tail -n 1
+    "$train" "${small[@]}" --optimizer adamw8bit --layout 2x2 --steps 6 --metrics "$work/dp8.jsonl" > /dev/null
+    "$train" "${small[@]}" --optimizer adamw8bit --layout 2x2 --shard 2 --steps 6 --metrics "$work/zero2_8.jsonl" > /dev/null
+    compare "$work/dp8.jsonl" "$work/zero2_8.jsonl" 0 1e-3 | tail -n 1
+    reshard "--layout 2x2 --shard 2" "--layout 1 --emulate-replicas 2" adamw 1e-5
+    reshard "--layout 2x2" "--layout 2x2 --shard 1" adamw 1e-5
+    # another replica count (another global batch): the level-2 checkpoint resumed by one replica of 2 stages
+    # and by one process (the same samples) gives the same losses
+    z=$work/layout_2x2_shard_2_layout_1_emulate_replicas_2_adamw
+    "$train" "${small[@]}" --optimizer adamw --steps 6 --layout 2 --resume "$z" --metrics "$work/z_to1x2.jsonl" | grep "resumed from"
+    "$train" "${small[@]}" --optimizer adamw --steps 6 --layout 1 --resume "$z" --metrics "$work/z_to1.jsonl" > /dev/null
+    echo "2x2 at level 2 -> 1x2 against -> one process:"
+    compare "$work/z_to1.jsonl" "$work/z_to1x2.jsonl" 3 | tail -n 1
     ;;
   tp)
     # the recipe's AdamW: losses and gradient norms; SGD with momentum: also every weight (AdamW turns a
@@ -256,20 +300,6 @@ PY
     # step-3 checkpoint, resumed in layout B, the run repeats the uninterrupted layout-A run's losses (fp32
     # AdamW: 1e-5; 8-bit AdamW: its state moves exactly between splits, the layouts' last-bit differences
     # grow through the quantised moments, shown against 1e-3; between degrees the moments are re-quantized)
-    reshard() {  # "<A flags>" "<B flags>" <optimizer> <tol>; $tag: a prefix for its files
-      local name; name=$(tr -c 'a-z0-9\n' _ <<<"${tag:-}$1-$2-$3" | tr -s _ | sed 's/^_//')
-      local opts=("${small[@]}" --optimizer "$3" --steps 6 --save-every 3)
-      # shellcheck disable=SC2086
-      "$train" "${opts[@]}" $1 --metrics "$work/$name.full.jsonl" > /dev/null
-      # shellcheck disable=SC2086
-      if MPX_FAULT=sigkill:0:3 "$train" "${opts[@]}" $1 --save "$work/$name" > "$work/$name.log" 2>&1; then
-        echo "the run ($1) was not killed"; exit 1
-      fi
-      # shellcheck disable=SC2086
-      "$train" "${opts[@]}" $2 --resume "$work/$name" --metrics "$work/$name.resumed.jsonl" | grep "resumed from"
-      echo "$1 -> $2, $3:"
-      compare "$work/$name.full.jsonl" "$work/$name.resumed.jsonl" 3 "$4" | tail -n 1
-    }
     if [ "$check" = reshard ]; then
       reshard "--layout 2" "--layout 4" adamw 1e-5
       reshard "--layout 4" "--layout 2" adamw 1e-5

@@ -81,6 +81,9 @@ MPX_DECL StepReduction finish_reduce_step(World& w, PendingReduction& p);
 /// The step's one all-reduce over the world, started and waited for; `step` names the step in errors.
 MPX_DECL StepReduction reduce_step(World& w, const at::Tensor& loss_sum, double sq, long step, ShmSum* shm = nullptr);
 
+/// The factor that makes the global norm `norm` at most `limit` (1: no clipping, or `limit` 0).
+inline double clip_factor(double norm, double limit) { return limit <= 0 || norm <= limit ? 1.0 : limit / (norm + 1e-6); }
+
 /// Scales every gradient so that the global norm `norm` becomes at most `limit` (0: no clipping).
 MPX_DECL void clip(const StageParameters& stages, double norm, double limit);
 
@@ -162,8 +165,8 @@ MPX_DECL StepReduction reduce_step(World& w, const at::Tensor& loss_sum, double 
 
 MPX_DECL void clip(const StageParameters& stages, double norm, double limit)
 {
-  if (limit <= 0 || norm <= limit) return;
-  const double c = limit / (norm + 1e-6);
+  const double c = clip_factor(norm, limit);
+  if (c == 1.0) return;
   for (auto& ps : stages)
     for (auto& p : ps)
       if (p.grad().defined()) p.mutable_grad().mul_(c);

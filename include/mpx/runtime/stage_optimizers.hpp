@@ -10,7 +10,11 @@
 /// k: lr × scale × k); `zero` drops the
 /// gradients (the next backward's first gradient becomes the parameter's gradient as it is: no zero fill,
 /// no add; the host cache makes the fresh buffer cheap); `save` / `load` write and read one stage's
-/// optimizer state.
+/// optimizer state. A `Sharded<L>` stage (or every trainable stage under `TrainOptions::sharding`) with
+/// several replicas steps this replica's shard of its parameters (runtime/zero_shard.hpp; `make_optimizer`
+/// is then given the shard's pieces and must build AdamW, AdamW8bit or SGD): `gradients_in` takes the owned gradients (level 2 before the step's end,
+/// level 1 in `step`), `step` then all-gathers the updated parameters; checkpoints see the whole state
+/// through `checkpointed(s)` between `gather_state` (a collective) or `prepare_state`, and `drop_state` or `take_state`.
 
 #include <mpx/optim/adamw8bit.hpp>       // mpx::AdamW8bitOptimizer
 #include <mpx/optim/fused_adamw.hpp>     // mpx::FusedAdamW
@@ -18,9 +22,12 @@
 #include <mpx/linkage.hpp>               // MPX_DECL, MPX_DEFINITIONS
 #include <mpx/runtime/options.hpp>       // mpx::TrainOptions
 #include <mpx/runtime/stage_set_base.hpp>  // mpx::StageSetBase
+#include <mpx/runtime/zero_shard.hpp>      // mpx::ZeroShard, mpx::ShardGroup
+#include <mpx/optim/moments.hpp>          // mpx::detail::moment_names, same_kind
 
 #include <torch/torch.h>  // torch::optim, torch::serialize
 
+#include <cstdint>  // std::int64_t
 #include <memory>  // std::unique_ptr
 #include <optional>  // std::optional
 #include <string>  // std::string
@@ -32,25 +39,52 @@ namespace mpx
 class StageOptimizers
 {
  public:
-  /// Builds the optimizers of `stages`' stages (see the file comment).
-  MPX_DECL StageOptimizers(const StageSetBase& stages, const TrainOptions& o);
+  /// Builds the optimizers of `stages`' stages (see the file comment); `Sharded<L>` stages are sharded over `g`.
+  MPX_DECL StageOptimizers(const StageSetBase& stages, const TrainOptions& o, ShardGroup g = {});
 
   /// Whether stage s has an optimizer on this rank.
   bool has(int s) const { return optimizers_.at(std::size_t(s)) != nullptr; }
   torch::optim::Optimizer& at(int s) { return *optimizers_.at(std::size_t(s)); }
 
-  /// Steps every stage's optimizer at `lr` × the stage's scale (× a group's rate relative to the first group's).
-  void step(double lr)
+  /// Steps every stage's optimizer at `lr` × the stage's scale (× a group's rate relative to the first group's);
+  /// sharded stages then all-gather their parameters (`step` names the step in errors).
+  MPX_DECL void step(double lr, long step = 0);
+
+  /// The parameter elements stage s's optimizer steps on this rank: its ZeRO shard's when sharded, else all
+  /// its trainable ones (0 without an optimizer).
+  std::int64_t stepped_elements(int s) const
   {
-    for (std::size_t s = 0; s < optimizers_.size(); ++s) {
-      auto& opt = optimizers_[s];
-      if (!opt) continue;
-      const double scale = s < lr_scale_.size() ? lr_scale_[s] : 1.0;
-      auto& groups = opt->param_groups();
-      for (std::size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(lr * scale * group_share_[s].at(g));
-      opt->step();
-    }
+    std::int64_t n = 0;
+    if (const auto& opt = optimizers_.at(std::size_t(s)))
+      for (const auto& g : opt->param_groups())
+        for (const auto& p : g.params()) n += p.numel();
+    return n;
   }
+
+  /// Stage s's ZeRO level on this rank (0: unsharded, or one replica).
+  int sharding(int s) const { return shards_.at(std::size_t(s)) ? shards_[std::size_t(s)]->level() : 0; }
+  /// A sharded stage's owned gradients into its shard (level 2: the whole gradients dropped).
+  void gradients_in(int s) { shards_.at(std::size_t(s))->gradients_in(); }
+  /// Scales the sharded stages' gradients that are in their shards (clipping).
+  void scale_shard_gradients(double c)
+  {
+    for (auto& z : shards_)
+      if (z) z->scale_gradients(c);
+  }
+
+  /// Collective over the replicas: the whole optimizer state of every sharded stage, for a checkpoint.
+  MPX_DECL void gather_state();
+  /// Empty unsharded optimizers for a checkpoint to load into (`release_state` then shards what it loaded).
+  MPX_DECL void prepare_state();
+  /// After a load: this replica's share of what `prepare_state`'s optimizers hold into the shards; drops them.
+  MPX_DECL void take_state();
+  /// After a save: drops what `gather_state` built.
+  void drop_state()
+  {
+    for (auto& w : whole_) w.reset();
+  }
+  /// Stage s's optimizer as a checkpoint sees it: the unsharded one `gather_state` or `prepare_state` built, or the stage's.
+  torch::optim::Optimizer& checkpointed(int s) { return whole_.at(std::size_t(s)) ? *whole_[std::size_t(s)] : at(s); }
 
   /// The sum of the squares of `p`'s gradient as its optimizer's last step read it, where that step summed
   /// them on the way (a FusedAdamW's one pass); else nothing.
@@ -69,6 +103,8 @@ class StageOptimizers
     for (auto& ps : params_)
       for (auto& p : ps)
         if (p.grad().defined()) p.mutable_grad().reset();
+    for (auto& z : shards_)
+      if (z) z->zero();
   }
 
   /// Writes stage s's optimizer state to `path` (nothing when it has none).
@@ -94,9 +130,12 @@ class StageOptimizers
   }
 
  private:
-  MPX_DECL static std::unique_ptr<torch::optim::Optimizer> make(int s, const StageSetBase& stages, const TrainOptions& o);
+  MPX_DECL static std::unique_ptr<torch::optim::Optimizer> make(OptimizerKind kind, const std::vector<at::Tensor>& params, const TrainOptions& o);
 
   std::vector<double> lr_scale_;
+  std::vector<std::unique_ptr<ZeroShard>> shards_;                    // per stage: its shard (null: unsharded)
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> whole_;       // per sharded stage, while a checkpoint needs it
+  std::vector<std::vector<at::Tensor>> trainable_;
   std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers_;
   std::vector<std::vector<double>> group_share_;  // per stage, per parameter group: its rate when built / the first group's
   std::vector<std::vector<at::Tensor>> params_;
@@ -109,38 +148,83 @@ class StageOptimizers
 namespace mpx
 {
 
-MPX_DECL StageOptimizers::StageOptimizers(const StageSetBase& stages, const TrainOptions& o) : lr_scale_(o.lr_scale)
+MPX_DECL StageOptimizers::StageOptimizers(const StageSetBase& stages, const TrainOptions& o, ShardGroup g) : lr_scale_(o.lr_scale)
 {
-  optimizers_.resize(std::size_t(stages.num_stages()));
-  params_.resize(std::size_t(stages.num_stages()));
-  group_share_.resize(std::size_t(stages.num_stages()));
+  if (o.sharding < 0 || o.sharding > 2)
+    throw config_error("mpx: TrainOptions::sharding = " + std::to_string(o.sharding) + ": use 0 (as the stages declare), 1 or 2 (ZeRO levels)");
+  const auto n = std::size_t(stages.num_stages());
+  optimizers_.resize(n), params_.resize(n), group_share_.resize(n), shards_.resize(n), whole_.resize(n), trainable_.resize(n);
   for (int s = 0; s < stages.num_stages(); ++s) {
     if (!stages.holds(s)) continue;
-    params_[std::size_t(s)] = stages.parameters(s);
-    optimizers_[std::size_t(s)] = make(s, stages, o);
-    if (!optimizers_[std::size_t(s)]) continue;
-    const auto& groups = optimizers_[std::size_t(s)]->param_groups();
-    for (const auto& g : groups) {
-      const double first = groups.front().options().get_lr(), mine = g.options().get_lr();
-      group_share_[std::size_t(s)].push_back(mine == first || first <= 0 ? 1.0 : mine / first);
+    const auto i = std::size_t(s);
+    params_[i] = stages.parameters(s);
+    trainable_[i] = stages.trainable(s);
+    const OptimizerKind kind = stages.optimizer_kind(s);
+    if (trainable_[i].empty() || stages.frozen(s)) continue;
+    const int level = stages.sharding(s) > 0 ? stages.sharding(s) : o.sharding;
+    if (level > 0 && g.replicas > 1) {  // the optimizer steps this replica's pieces
+      shards_[i] = std::make_unique<ZeroShard>(trainable_[i], level, g);
+      auto custom = o.make_optimizer ? o.make_optimizer(s, shards_[i]->pieces()) : nullptr;
+      optimizers_[i] = custom ? std::move(custom) : make(kind, shards_[i]->pieces(), o);
+      detail::moment_names(*optimizers_[i]);  // a kind whose state can be cut into shards, or a config_error now
+    } else {
+      auto custom = o.make_optimizer ? o.make_optimizer(s, trainable_[i]) : nullptr;
+      optimizers_[i] = custom ? std::move(custom) : make(kind, trainable_[i], o);
+    }
+    const auto& groups = optimizers_[i]->param_groups();
+    for (const auto& gr : groups) {
+      const double first = groups.front().options().get_lr(), mine = gr.options().get_lr();
+      group_share_[i].push_back(mine == first || first <= 0 ? 1.0 : mine / first);
     }
   }
 }
 
-MPX_DECL std::unique_ptr<torch::optim::Optimizer> StageOptimizers::make(int s, const StageSetBase& stages, const TrainOptions& o)
+MPX_DECL std::unique_ptr<torch::optim::Optimizer> StageOptimizers::make(OptimizerKind kind, const std::vector<at::Tensor>& params, const TrainOptions& o)
 {
-  const auto trainable = stages.trainable(s);
-  if (trainable.empty() || stages.frozen(s)) return nullptr;
-  if (o.make_optimizer)
-    if (auto custom = o.make_optimizer(s, trainable)) return custom;
   const auto adamw = torch::optim::AdamWOptions(o.lr.peak).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay);
-  switch (stages.optimizer_kind(s)) {
+  switch (kind) {
     case OptimizerKind::sgd:
-      return std::make_unique<torch::optim::SGD>(trainable, torch::optim::SGDOptions(o.lr.peak).momentum(o.momentum).weight_decay(o.weight_decay));
-    case OptimizerKind::adamw8bit: return std::make_unique<AdamW8bitOptimizer>(trainable, adamw);
+      return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(o.lr.peak).momentum(o.momentum).weight_decay(o.weight_decay));
+    case OptimizerKind::adamw8bit: return std::make_unique<AdamW8bitOptimizer>(params, adamw);
     case OptimizerKind::adamw: break;  // also the default for a trainable stage without an Optimizer policy
   }
-  return std::make_unique<FusedAdamW>(trainable, adamw);
+  return std::make_unique<FusedAdamW>(params, adamw);
+}
+
+MPX_DECL void StageOptimizers::step(double lr, long step)
+{
+  for (std::size_t s = 0; s < optimizers_.size(); ++s) {
+    auto& opt = optimizers_[s];
+    if (!opt) continue;
+    const double scale = s < lr_scale_.size() ? lr_scale_[s] : 1.0;
+    auto& groups = opt->param_groups();
+    for (std::size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(lr * scale * group_share_[s].at(g));
+    if (shards_[s] && shards_[s]->level() == 1) shards_[s]->gradients_in();
+    opt->step();
+  }
+  for (auto& z : shards_)
+    if (z) z->start_gather(step);
+  for (auto& z : shards_)
+    if (z) z->finish_gather();
+}
+
+MPX_DECL void StageOptimizers::prepare_state()
+{
+  for (std::size_t s = 0; s < shards_.size(); ++s)
+    if (shards_[s]) whole_[s] = detail::same_kind(*optimizers_[s], trainable_[s]);
+}
+
+MPX_DECL void StageOptimizers::gather_state()
+{
+  prepare_state();
+  for (std::size_t s = 0; s < shards_.size(); ++s)
+    if (shards_[s]) shards_[s]->gather_state(*optimizers_[s], *whole_[s]);
+}
+
+MPX_DECL void StageOptimizers::take_state()
+{
+  for (std::size_t s = 0; s < shards_.size(); ++s)
+    if (whole_[s]) shards_[s]->scatter_state(*whole_[s], *optimizers_[s]), whole_[s].reset();
 }
 
 }  // namespace mpx

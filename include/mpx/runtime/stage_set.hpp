@@ -13,7 +13,7 @@
 /// reads of it without the pipeline's type — each stage's facts, parameters, tensors by name — is its base,
 /// `StageSetBase` (stage_set_base.hpp), which it fills.
 
-#include <mpx/fingerprint.hpp>                    // mpx::fingerprint_v
+#include <mpx/fingerprint.hpp>                    // mpx::model_fingerprint_v
 #include <mpx/pipeline.hpp>                       // mpx::PipelineType
 #include <mpx/runtime/activation_checkpoint.hpp>  // mpx::checkpoint, mpx::BlockCheckpointing
 #include <mpx/runtime/wire/boundary_value.hpp>         // mpx::detail::flatten, unflatten, field_names
@@ -72,7 +72,7 @@ class StageSet : public StageSetBase
   /// tensor-parallel group `tp` (the slot's; the group of one at degree 1).
   template <class Make>
   StageSet(int slot, torch::Device device, Make& make, const TrainOptions& o, tp::GroupPtr tp = c10::make_intrusive<tp::Group>())
-      : StageSetBase(declared(slot), std::to_string(fingerprint_v<P>), std::move(tp)), slot_(slot), device_(device), checkpoint_all_(o.checkpoint_all),
+      : StageSetBase(declared(slot), std::to_string(model_fingerprint_v<P>), std::move(tp)), slot_(slot), device_(device), checkpoint_all_(o.checkpoint_all),
         checkpoint_blocks_(o.checkpoint_blocks), autocast_(o.autocast)
   {
     tp::Scope scope(tp_);
@@ -121,6 +121,7 @@ class StageSet : public StageSetBase
         Declared& d = out[std::size_t(I)];
         d.mine = P::slots[I] == slot;
         d.frozen = S::frozen;
+        d.sharding = S::sharding;
         d.global_names = detail::declares_global_names<decltype(concrete(std::declval<module_t<I>&>()))>;
         if constexpr (std::is_same_v<typename S::optimizer, SGD>) d.optimizer = OptimizerKind::sgd;
         else if constexpr (std::is_same_v<typename S::optimizer, AdamW8bit>) d.optimizer = OptimizerKind::adamw8bit;

@@ -50,6 +50,7 @@ class StageSetBase
     bool frozen = false;        ///< `Frozen`: its parameters do not train
     bool global_names = false;  ///< its module names its parameters globally (`named_weights()`)
     OptimizerKind optimizer = OptimizerKind::adamw;
+    int sharding = 0;           ///< `Sharded<L>`: its ZeRO level over the replicas (0: none)
     at::ScalarType wire = at::kFloat;  ///< the dtype its output travels in (WireCompression)
     BoundaryInfo input;
   };
@@ -63,6 +64,8 @@ class StageSetBase
   bool holds(int s) const { return stages_.at(std::size_t(s)).declared.mine; }
   bool frozen(int s) const { return stages_.at(std::size_t(s)).declared.frozen; }
   OptimizerKind optimizer_kind(int s) const { return stages_.at(std::size_t(s)).declared.optimizer; }
+  /// Stage s's ZeRO level (`Sharded<L>`; 0: unsharded).
+  int sharding(int s) const { return stages_.at(std::size_t(s)).declared.sharding; }
   /// Whether stage s's module names its parameters globally (`named_weights()`, see `state`).
   bool global_names(int s) const { return stages_.at(std::size_t(s)).declared.global_names; }
   /// The dtype stage s's output travels in (its WireCompression policy; kFloat: as it is).

@@ -88,6 +88,9 @@ class Trainer
   /// collective: each of them calls it), else copies — what the whole stage would hold.
   std::vector<at::Tensor> whole_parameters(int s) { return stages_.whole_parameters(s); }
   bool holds(int s) const { return stages_.holds(s); }
+  /// The parameter elements this rank's optimizer of stage `s` steps: under `Sharded<L>` with several
+  /// replicas its ZeRO shard's (about 1/d of the stage's), else all the stage's trainable ones.
+  std::int64_t stepped_elements(int s) const { return core_.stepped_elements(s); }
   long steps_done() const { return core_.steps_done(); }
   /// Steps skipped because some rank saw an inf/NaN gradient.
   long skipped_steps() const { return core_.skipped_steps(); }

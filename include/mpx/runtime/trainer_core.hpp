@@ -65,6 +65,7 @@ class TrainerCore
   MPX_DECL void save(const std::string& root);
   MPX_DECL void load(const std::string& path);
   long steps_done() const { return step_; }
+  std::int64_t stepped_elements(int s) const { return optimizers_.stepped_elements(s); }
   long skipped_steps() const { return scaler_.skipped(); }
   double loss_scale() const { return scaler_.scale(); }
   double expected_bubble() const { return label_.expected_bubble; }
@@ -81,6 +82,7 @@ class TrainerCore
   MPX_DECL void step_optimizers(StepStats& st);
   MPX_DECL bool splits_here() const;
   MPX_DECL void call_before_optimizer();
+  MPX_DECL void shed_gradients();
 
   World& w_;
   TrainOptions o_;
@@ -95,6 +97,7 @@ class TrainerCore
   TraceRecorder trace_;
   StageParameters held_;    // this rank's stages' parameters, in stage order
   StageNormTerms counted_;  // those it counts in the global gradient norm (tensor parallelism: each once)
+  double shed_sq_ = 0;  // ZeRO-2 stages: their share of the squared norm, taken before their whole gradients went
   long step_ = 0;
   long steps_run_ = 0;  // steps this trainer ran in this process (step_ counts those of a resumed checkpoint too)
   StepStats last_;
@@ -120,7 +123,8 @@ MPX_DECL void check_microbatch_count(std::size_t got, int declared)
 }
 
 MPX_DECL TrainerCore::TrainerCore(World& world, TrainOptions options, StageSetBase& stages, ExecutorCore& executor, TraceLabel label)
-    : w_(world), o_(std::move(options)), label_(std::move(label)), scaler_(o_.scaler), stages_(stages), optimizers_(stages_, o_),
+    : w_(world), o_(std::move(options)), label_(std::move(label)), scaler_(o_.scaler), stages_(stages),
+      optimizers_(stages_, o_, ShardGroup{w_.dp, w_.dp ? w_.dp->getRank() : 0, w_.replicas, w_.timeout, w_.env.rank}),
       executor_(executor), sum_(make_world_sum(w_)), buckets_(w_.dp, w_.replicas, o_.bucket_bytes, w_.timeout),
       split_(executor_.split().schedule_splits(), o_.split_backward, o_.split_trials)
 {
@@ -198,6 +202,22 @@ MPX_DECL void TrainerCore::complete_gradients(clock::time_point t0)
     if (stages_.holds(s)) stages_.sum_partial_gradients(s);
   call_before_optimizer();
   if (scaler_.enabled()) unscale(held_, scaler_.scale());
+  shed_gradients();
+}
+
+/// ZeRO-2 stages keep the owned part of their gradients and drop the rest, once each has counted its terms
+/// of the global norm (tensor parallelism's counting holds on the whole gradients, not on a flat shard).
+MPX_DECL void TrainerCore::shed_gradients()
+{
+  shed_sq_ = 0;
+  for (int s = 0, h = 0; s < stages_.num_stages(); ++s) {
+    if (!stages_.holds(s)) continue;
+    if (optimizers_.sharding(s) == 2) {
+      shed_sq_ += local_grad_sq(StageNormTerms{counted_[std::size_t(h)]});
+      optimizers_.gradients_in(s);
+    }
+    ++h;
+  }
 }
 
 /// The step's statistics agreed over the world and the optimizers stepped (or the step skipped), in
@@ -219,8 +239,8 @@ MPX_DECL void TrainerCore::update_parameters(const ExecutorCore::Walk& walk, Ste
 /// parameter once in the norm (after a step that came first, the norm reads what the optimizers' passes summed).
 MPX_DECL StepReduction TrainerCore::agree_on_step(const ExecutorCore::Walk& walk, bool agree_first)
 {
-  const double sq = agree_first ? local_grad_sq(counted_)
-                                : local_grad_sq(counted_, [this](const at::Tensor& p) { return optimizers_.stepped_grad_sq(p); });
+  const double sq = shed_sq_ + (agree_first ? local_grad_sq(counted_)
+                                            : local_grad_sq(counted_, [this](const at::Tensor& p) { return optimizers_.stepped_grad_sq(p); }));
   auto reduction = start_reduce_step(w_, w_.tp_rank == 0 ? walk.loss_sum : at::Tensor(), sq, step_, sum_.get());
   return finish_reduce_step(w_, reduction);
 }
@@ -237,7 +257,8 @@ MPX_DECL void TrainerCore::step_optimizers(StepStats& st)
 {
   const auto o0 = clock::now();
   clip(held_, st.grad_norm, o_.clip_norm);
-  optimizers_.step(st.lr);
+  optimizers_.scale_shard_gradients(clip_factor(st.grad_norm, o_.clip_norm));  // ZeRO-2's gradients are in the shards
+  optimizers_.step(st.lr, step_);
   st.optimizer_seconds = seconds_of(clock::now() - o0);
 }
 

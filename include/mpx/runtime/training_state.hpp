@@ -50,7 +50,7 @@ MPX_DECL std::vector<CheckpointStage> checkpoint_stages(StageSetBase& stages, St
     x.index = s, x.shard = stages.shard_suffix(), x.tp_rank = stages.tp_rank(), x.tp_size = stages.tp_size();
     x.global_names = stages.global_names(s), x.tensors = stages.state(s), x.cuts = stages.cuts(s);
     if (optimizers.has(s)) {
-      x.optimizer = &optimizers.at(s);
+      x.optimizer = &optimizers.checkpointed(s);  // a sharded stage's: the whole state (save_ and load_training_state)
       x.save_archive = [&optimizers, s](const std::string& f) { optimizers.save(s, f); };
       x.load_archive = [&optimizers, s](const std::string& f) { optimizers.load(s, f); };
     }
@@ -62,13 +62,28 @@ MPX_DECL std::vector<CheckpointStage> checkpoint_stages(StageSetBase& stages, St
 MPX_DECL void save_training_state(World& w, const std::string& root, StageSetBase& stages, StageOptimizers& optimizers, const TrainingState& t,
                                   const CheckpointOptions& co)
 {
-  detail::save_checkpoint(w, root, checkpoint_stages(stages, optimizers), stages.fingerprint(), stages.num_stages(), t, co);
+  optimizers.gather_state();  // sharded stages: the whole state, by parameter name (a collective over the replicas)
+  try {
+    detail::save_checkpoint(w, root, checkpoint_stages(stages, optimizers), stages.fingerprint(), stages.num_stages(), t, co);
+  } catch (...) {
+    optimizers.drop_state();
+    throw;
+  }
+  optimizers.drop_state();
 }
 
 MPX_DECL TrainingState load_training_state(World& w, const std::string& path, StageSetBase& stages, StageOptimizers& optimizers,
                                            TrainingState current, const CheckpointOptions& co)
 {
-  return detail::load_checkpoint(w, path, checkpoint_stages(stages, optimizers), stages.fingerprint(), current, co);
+  optimizers.prepare_state();  // sharded stages: the whole state loads into unsharded optimizers, then each replica takes its share
+  try {
+    current = detail::load_checkpoint(w, path, checkpoint_stages(stages, optimizers), stages.fingerprint(), current, co);
+  } catch (...) {
+    optimizers.drop_state();
+    throw;
+  }
+  optimizers.take_state();
+  return current;
 }
 
 }  // namespace mpx
