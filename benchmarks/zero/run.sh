@@ -30,6 +30,7 @@ source benchmarks/results_file.sh && keep_earlier "$out"
   echo "# Sharded data parallelism (ZeRO): bytes per rank, bytes sent, step time"
   echo
   echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); machine: $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB; LibTorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null); GCC $(gcc -dumpversion); one thread per rank"
+  echo "- mpx: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- include || echo ' with uncommitted changes to include/'); sharded stages reduce-scatter their gradients (an all-to-all per bucket) and all-gather their parameters"
   echo "- model: benchmarks/runtime/model.hpp, 2 stages x 4 Linear 1024x1024 (N = 4,198,400 parameters per stage), 1F1B, 8 micro-batches of 64 rows, clipping on; d replicas (2d ranks on this machine); Gloo, the pipeline's messages through shared memory"
   echo "- measured (benchmarks/zero/zero_bench.cpp): params = bytes building the trainer added; grads = bytes in use at the optimizer's entry less those once the step returned, median over the steps after the first; state = bytes the first optimizer step added; peak = the process's peak resident set (libraries included); bytes measured with mpx's host cache off (MPX_KEEP_HOST_MEMORY=0: malloc's statistics count what tensors asked for, page-rounded; the cache would round each large block up to its size class), step times with it on; sent = bytes written to sockets per step (/proc/self/io wchar, median); formula: 4N weights, 4N gradients (level 2: 4S), AdamW 8N (sharded: 8S), 8-bit AdamW per tensor or piece of n elements 2n + 8 n/256 in 256-blocks (under 4096 elements: 8n), plus its quantizers' lookup tables once per process (2 x 129 KiB), S = ceil(N / d)"
   echo
@@ -103,4 +104,5 @@ PY
   cat "$raw"
   echo '```'
 } > "$out"
+append_earlier "$out"
 echo "wrote $out"

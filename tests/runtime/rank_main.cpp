@@ -204,7 +204,7 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
       std::fflush(nullptr);
       die(knobs.die_by);
     }
-    auto batch = tiny::make_batch(scenario::config, scenario::rows_per_replica, step, world.replica, world.replicas);
+    auto batch = tiny::make_batch(scenario::config, scenario::rows_per_replica(world.replicas), step, world.replica, world.replicas);
     const auto st = trainer.step(mpx::slice_microbatches(batch, P::num_microbatches));
     if (env.rank == 0) std::printf("loss %ld %.17g\nnorm %ld %.17g\n", step, st.loss, step, st.grad_norm);
     if (env.rank == 0 && options.scaler.enabled) std::printf("scale %ld %g skipped %d\n", step, st.loss_scale, int(st.skipped));

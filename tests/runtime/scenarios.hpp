@@ -33,9 +33,9 @@ using P4 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 1>>, Stage<Model, CPU<1>
                          Stage<Model, CPU<2>, Layers<3, 5>>, Stage<Model, CPU<3>, Layers<5, 6>>, Schedule<Sched>,
                          Microbatches<4>, mpx::Batch<tiny::Batch>>;
 /// Both stages sharded over the replicas (ZeRO level L: optimizer state; 2: gradients too).
-template <class Sched, int L>
+template <class Sched, int L, int M = 4>
 using P2Sharded = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 3>, mpx::Sharded<L>>, Stage<Model, CPU<1>, Layers<3, 6>, mpx::Sharded<L>>,
-                                Schedule<Sched>, Microbatches<4>, mpx::Batch<tiny::Batch>>;
+                                Schedule<Sched>, Microbatches<M>, mpx::Batch<tiny::Batch>>;
 /// Activations and gradients cross the wire in bf16.
 using P2Bf16 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 3>, mpx::WireCompression<mpx::BF16>>,
                              Stage<Model, CPU<1>, Layers<3, 6>>, Microbatches<4>, mpx::Batch<tiny::Batch>>;
@@ -84,8 +84,9 @@ template <class M>
 using PTp2Pp2 = mpx::Pipeline<Stage<M, CPU<0>, Layers<0, 3>, mpx::TensorParallel<2>, TpStage>,
                               Stage<M, CPU<1>, Layers<3, 6>, mpx::TensorParallel<2>, TpStage>, Microbatches<4>, mpx::Batch<tiny::Batch>>;
 /// ZeRO-2 over tensor-parallel shards: each replica holds half of each tensor-parallel rank's gradients and state.
-using PTp2Pp2Sharded = mpx::Pipeline<Stage<tiny_tp::Model, CPU<0>, Layers<0, 3>, mpx::TensorParallel<2>, TpStage, mpx::Sharded<2>>,
-                                     Stage<tiny_tp::Model, CPU<1>, Layers<3, 6>, mpx::TensorParallel<2>, TpStage, mpx::Sharded<2>>,
+template <class M>
+using PTp2Pp2Sharded = mpx::Pipeline<Stage<M, CPU<0>, Layers<0, 3>, mpx::TensorParallel<2>, TpStage, mpx::Sharded<2>>,
+                                     Stage<M, CPU<1>, Layers<3, 6>, mpx::TensorParallel<2>, TpStage, mpx::Sharded<2>>,
                                      Microbatches<4>, mpx::Batch<tiny::Batch>>;
 using PTp1Tp2 = mpx::Pipeline<Stage<tiny_tp::Model, CPU<0>, Layers<0, 3>, TpStage>,
                               Stage<tiny_tp::Model, CPU<1>, Layers<3, 6>, mpx::TensorParallel<2>, TpStage>, Microbatches<4>,
@@ -137,7 +138,10 @@ bool visit(const std::string& name, F&& f)
   if (is("dp2-p2-1f1b-zero2")) return f(type<P2Sharded<OneFOneB, 2>>{}, 2), true;
   if (is("dp2-p2-zbh1-zero2")) return f(type<P2Sharded<ZBH1, 2>>{}, 2), true;
   if (is("dp2-p2-gpipe-zero1")) return f(type<P2Sharded<GPipe, 1>>{}, 2), true;
-  if (is("dp2-tp2-pp2-zero2")) return f(type<PTp2Pp2Sharded>{}, 2), true;
+  if (is("dp2-tp2-pp2-zero2")) return f(type<PTp2Pp2Sharded<tiny_tp::Model>>{}, 2), true;
+  if (is("dp2-tp2-pp2-sp-zero2")) return f(type<PTp2Pp2Sharded<tiny_tp::SeqModel>>{}, 2), true;
+  if (is("dp2-p2-1f1b-zero2-m2")) return f(type<P2Sharded<OneFOneB, 2, 2>>{}, 2), true;  // one pipeline type at 2 and 4 replicas:
+  if (is("dp4-p2-1f1b-zero2-m2")) return f(type<P2Sharded<OneFOneB, 2, 2>>{}, 4), true;  // their checkpoints move between them
   if (is("p2-frozen-gpipe")) return f(type<P2Frozen<GPipe>>{}, 1), true;
   if (is("p2-frozen-1f1b")) return f(type<P2Frozen<OneFOneB>>{}, 1), true;
   if (is("p2-frozen-zbh1")) return f(type<P2Frozen<ZBH1>>{}, 1), true;
@@ -182,7 +186,9 @@ inline Spec spec(const std::string& name)
   return s;
 }
 
-inline constexpr int rows_per_replica = 12;  // batch rows per replica per step (divisible by 4 and 6)
+/// Batch rows per replica per step: 12 (divisible by 4 and 6); 6 at 4 replicas, so that 2 and 4 replicas
+/// train on the same 24 rows (a checkpoint moves from one to the other: runtime.test.cpp "[zero]").
+inline constexpr int rows_per_replica(int replicas) { return replicas == 4 ? 6 : 12; }
 inline constexpr int steps = 5;
 inline const tiny::Config config{};
 

@@ -207,6 +207,7 @@ PY
     compare "$work/dp8.jsonl" "$work/zero2_8.jsonl" 0 1e-3 | tail -n 1
     reshard "--layout 2x2 --shard 2" "--layout 1 --emulate-replicas 2" adamw 1e-5
     reshard "--layout 2x2" "--layout 2x2 --shard 1" adamw 1e-5
+    reshard "--layout 1 --emulate-replicas 2" "--layout 2x2 --shard 1" adamw 1e-5  # one process -> ZeRO-1 at DP 2
     # another replica count (another global batch): the level-2 checkpoint resumed by one replica of 2 stages
     # and by one process (the same samples) gives the same losses
     z=$work/layout_2x2_shard_2_layout_1_emulate_replicas_2_adamw

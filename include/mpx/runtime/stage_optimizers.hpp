@@ -63,6 +63,8 @@ class StageOptimizers
 
   /// Stage s's ZeRO level on this rank (0: unsharded, or one replica).
   int sharding(int s) const { return shards_.at(std::size_t(s)) ? shards_[std::size_t(s)]->level() : 0; }
+  /// Stage s's ZeRO shard on this rank (null: unsharded, or one replica).
+  const ZeroShard* shard(int s) const { return shards_.at(std::size_t(s)).get(); }
   /// A sharded stage's owned gradients into its shard (level 2: the whole gradients dropped).
   void gradients_in(int s) { shards_.at(std::size_t(s))->gradients_in(); }
   /// Scales the sharded stages' gradients that are in their shards (clipping).

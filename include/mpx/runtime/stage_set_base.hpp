@@ -82,6 +82,8 @@ class StageSetBase
   /// parallelism the replicated parameters' (each rank saw 1/N of the sequence), and key/value heads shared
   /// by several ranks (each used them for its own query heads); sums over the group, a no-op otherwise.
   MPX_DECL void sum_partial_gradients(int s);
+  /// Whether `sum_partial_gradients(s)` has anything to sum.
+  bool has_partial_gradients(int s) const { return stages_.at(std::size_t(s)).sequence_parallel || stages_.at(std::size_t(s)).shared; }
   /// Stage s's parameters made whole (cut ones gathered over the tensor-parallel group: a collective of
   /// the slot's ranks), in module order: what the stage would hold at degree 1.
   MPX_DECL std::vector<at::Tensor> whole_parameters(int s);

@@ -24,6 +24,7 @@
 #include <iostream>  // std::cout
 #include <memory>    // std::unique_ptr
 #include <string>    // std::string
+#include <utility>   // std::exchange
 
 namespace mpx::detail
 {
@@ -83,6 +84,7 @@ class TrainerCore
   MPX_DECL bool splits_here() const;
   MPX_DECL void call_before_optimizer();
   MPX_DECL void shed_gradients();
+  MPX_DECL const ZeroShard* scattered(int s) const;
 
   World& w_;
   TrainOptions o_;
@@ -97,7 +99,8 @@ class TrainerCore
   TraceRecorder trace_;
   StageParameters held_;    // this rank's stages' parameters, in stage order
   StageNormTerms counted_;  // those it counts in the global gradient norm (tensor parallelism: each once)
-  double shed_sq_ = 0;  // ZeRO-2 stages: their share of the squared norm, taken before their whole gradients went
+  std::vector<std::vector<at::Tensor>> shard_counted_;  // reduce-scattered stages: the parameters counted in the norm (counted_'s left empty)
+  double shed_sq_ = 0;  // sharded stages: their share of the squared norm, taken before level 2's whole gradients went
   long step_ = 0;
   long steps_run_ = 0;  // steps this trainer ran in this process (step_ counts those of a resumed checkpoint too)
   StepStats last_;
@@ -128,8 +131,12 @@ MPX_DECL TrainerCore::TrainerCore(World& world, TrainOptions options, StageSetBa
       executor_(executor), sum_(make_world_sum(w_)), buckets_(w_.dp, w_.replicas, o_.bucket_bytes, w_.timeout),
       split_(executor_.split().schedule_splits(), o_.split_backward, o_.split_trials)
 {
-  for (int s = 0; s < stages_.num_stages(); ++s)
-    if (stages_.holds(s)) held_.push_back(stages_.parameters(s)), counted_.push_back(stages_.norm_parameters(s));
+  for (int s = 0; s < stages_.num_stages(); ++s) {
+    if (!stages_.holds(s)) continue;
+    held_.push_back(stages_.parameters(s)), counted_.push_back(stages_.norm_parameters(s)), shard_counted_.emplace_back();
+    if (scattered(s))  // its replicas hold averages of their owned parts only: counted from those
+      for (auto& t : std::exchange(counted_.back(), {})) shard_counted_.back().push_back(t.param);
+  }
 }
 
 MPX_DECL TrainerCore::~TrainerCore() = default;
@@ -183,9 +190,9 @@ MPX_DECL ExecutorCore::Walk TrainerCore::walk_schedule(clock::time_point t0)
   auto walk = executor_.walk(
       scaler_.scale(), step_, o_.trace ? &trace_ : nullptr,
       [this](int s) {
-        if (o_.overlap_reduction) buckets_.arm(stages_.parameters(s));
+        if (o_.overlap_reduction) buckets_.arm(stages_.parameters(s), scattered(s));
       },
-      [this](int s) { buckets_.start(stages_.parameters(s)); });
+      [this](int s) { buckets_.start(stages_.parameters(s), scattered(s)); });
   if (o_.trace) trace_buckets(t0);
   return walk;
 }
@@ -205,19 +212,31 @@ MPX_DECL void TrainerCore::complete_gradients(clock::time_point t0)
   shed_gradients();
 }
 
-/// ZeRO-2 stages keep the owned part of their gradients and drop the rest, once each has counted its terms
-/// of the global norm (tensor parallelism's counting holds on the whole gradients, not on a flat shard).
+/// Sharded stages count their terms of the global norm (reduce-scattered ones from the owned parts, × the
+/// replica count that the step's sum divides by; all-reduced ones from the whole gradients), then ZeRO-2
+/// stages keep the owned part of their gradients and drop the rest.
 MPX_DECL void TrainerCore::shed_gradients()
 {
   shed_sq_ = 0;
   for (int s = 0, h = 0; s < stages_.num_stages(); ++s) {
     if (!stages_.holds(s)) continue;
-    if (optimizers_.sharding(s) == 2) {
-      shed_sq_ += local_grad_sq(StageNormTerms{counted_[std::size_t(h)]});
-      optimizers_.gradients_in(s);
-    }
-    ++h;
+    const auto i = std::size_t(h++);
+    if (scattered(s)) shed_sq_ += w_.replicas * optimizers_.shard(s)->owned_gradient_sq(shard_counted_[i]);
+    else if (optimizers_.sharding(s) == 2) shed_sq_ += local_grad_sq(StageNormTerms{counted_[i]});
+    if (optimizers_.sharding(s) == 2) optimizers_.gradients_in(s);
   }
+}
+
+/// Stage s's ZeRO shard when its gradients are reduce-scattered into it: sharded, and no tensor-parallel
+/// sum of partial gradients (sequence parallelism, shared key/value heads) or partial norm term, which need
+/// the whole averaged gradients (those stages all-reduce).
+MPX_DECL const ZeroShard* TrainerCore::scattered(int s) const
+{
+  const ZeroShard* z = optimizers_.shard(s);
+  if (!z || stages_.has_partial_gradients(s)) return nullptr;
+  for (const auto& t : stages_.norm_parameters(s))
+    if (t.dim >= 0) return nullptr;
+  return z;
 }
 
 /// The step's statistics agreed over the world and the optimizers stepped (or the step skipped), in

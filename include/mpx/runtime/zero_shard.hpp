@@ -2,19 +2,16 @@
 #pragma once
 /// @file runtime/zero_shard.hpp
 /// `ZeroShard`: one stage's share of sharded data parallelism (ZeRO, `Sharded<L>`) on this replica. The
-/// stage's trainable parameters, laid end to end in their order, form a flat vector of N elements, cut into
-/// d shards of S = ceil(N / d) (the last one shorter or empty): replica r owns [r·S, min(N, (r+1)·S)). With
-/// several replicas the parameters move into one buffer of d·S elements, which they then view, so that the
-/// all-gather writes them in place (tied parameters are refused). The owned part of each parameter is a
-/// `piece`, a 1-D view of it; the stage's optimizer steps the pieces only, so it holds 1/d of the state
-/// (8-bit AdamW's blocks cut at the pieces' starts) and updates the owned parts in place. A step:
-/// `gradients_in` gives the pieces the owned parts of the averaged gradients (level 1 as views of the whole
-/// gradients, which stay; level 2 copied into a buffer of S elements, the whole gradients then dropped), the
-/// optimizer steps the pieces, `start_gather` all-gathers the shards of the buffer over the data-parallel
-/// group and `finish_gather` waits for it. A parameter without a gradient has pieces without one: the
-/// optimizer skips them as it skips an unsharded parameter. Checkpoints hold the whole state by parameter
-/// name: `gather_state` (a collective) fills an unsharded optimizer of the same kind with it, `scatter_state`
-/// takes this replica's pieces back from one (no collective).
+/// stage's trainable parameters, end to end in their order, form a flat vector of N elements cut into d
+/// shards of S = ceil(N / d): replica r owns [r·S, min(N, (r+1)·S)). With several replicas the parameters
+/// move into one buffer of d·S elements, which they then view (tied parameters are refused), so that the
+/// all-gather writes them in place. The owned part of each parameter is a `piece`, a 1-D view of it; the
+/// stage's optimizer steps the pieces only (1/d of the state; 8-bit AdamW's blocks cut at the pieces'
+/// starts). A step: the gradients' owned parts are averaged (GradientBuckets reduce-scatters them into
+/// `range_in`), `gradients_in` gives them to the pieces (level 1 as views, level 2 copied into a buffer of
+/// S elements and the whole gradients dropped), the optimizer steps, `start_gather` / `finish_gather`
+/// all-gather the buffer. Checkpoints hold the whole state by name: `gather_state` (a collective) fills an
+/// unsharded optimizer with it, `scatter_state` takes this replica's pieces back from one.
 
 #include <mpx/errors.hpp>               // mpx::config_error, mpx::peer_error
 #include <mpx/linkage.hpp>              // MPX_DECL, MPX_DEFINITIONS
@@ -26,6 +23,7 @@
 #include <chrono>   // std::chrono::milliseconds
 #include <cstdint>  // std::int64_t
 #include <map>      // std::map
+#include <utility>  // std::pair
 #include <string>   // std::string
 #include <vector>   // std::vector
 
@@ -51,28 +49,29 @@ class ZeroShard
   int level() const { return level_; }
   /// This replica's pieces, in parameter order: what the stage's optimizer steps.
   const std::vector<at::Tensor>& pieces() const { return pieces_; }
-  /// Elements this replica owns, and the whole stage's.
+  /// Elements this replica owns, and the whole stage's; this replica's place in the group.
   std::int64_t owned() const { return end_ - begin_; }
   std::int64_t total() const { return total_; }
+  int index() const { return g_.index; }
+  /// The elements [lo, hi) of parameter `p` (one of the stage's; else a `config_error`) in replica r's shard.
+  MPX_DECL std::pair<std::int64_t, std::int64_t> range_in(const at::Tensor& p, int r) const;
 
   /// The owned parts of the parameters' gradients into the pieces' (level 2 then drops the parameters'
   /// gradients); a parameter whose memory was replaced since the layout is a `config_error`.
   MPX_DECL void gradients_in();
-  /// Scales the gradients held in the shard by `c` (clipping: level 2, after `gradients_in`; level 1's
-  /// pieces view the whole gradients, which the clip scales).
+  /// Scales the gradients held in the shard by `c` (clipping at level 2; level 1's pieces view the whole ones).
   MPX_DECL void scale_gradients(double c);
-  /// Sum of the squares of the pieces' gradients (this replica's share of the stage's squared norm).
-  MPX_DECL double gradient_sq() const;
+  /// Sum of the squares of the owned parts of `counted`'s gradients (some of the stage's parameters, before
+  /// `gradients_in`): this replica's share of their squared norm.
+  MPX_DECL double owned_gradient_sq(const std::vector<at::Tensor>& counted) const;
   /// Drops the pieces' gradients.
   MPX_DECL void zero();
 
-  /// Starts the all-gather of the updated shards; `finish_gather` waits (with the run's timeout) and writes
-  /// every parameter. `step` names the step in errors.
+  /// The all-gather of the updated shards into the parameters, started and waited for (`step` names errors).
   MPX_DECL void start_gather(long step);
   MPX_DECL void finish_gather();
 
-  /// Collective over the group: `whole` (an optimizer of the same kind over the stage's parameters) gets the
-  /// whole state, each parameter's as an unsharded run would hold it.
+  /// Collective: `whole` (an optimizer of the same kind over the stage's parameters) gets the whole state.
   MPX_DECL void gather_state(torch::optim::Optimizer& shard, torch::optim::Optimizer& whole);
   /// This replica's pieces of `whole`'s state into `shard` (after a checkpoint loaded into `whole`).
   MPX_DECL void scatter_state(torch::optim::Optimizer& whole, torch::optim::Optimizer& shard);
@@ -81,8 +80,8 @@ class ZeroShard
   MPX_DECL at::Tensor all_gather(const at::Tensor& flat_shard, const char* what);
 
   std::vector<at::Tensor> params_, pieces_;
-  std::vector<std::int64_t> offset_, lo_, hi_;  // per parameter: its start in the flat vector; its owned range [lo, hi) in itself
-  std::vector<std::int64_t> at_;                // per parameter: where its piece starts in the flat shard
+  std::vector<std::int64_t> offset_, lo_, hi_, at_;  // per parameter: its start in the flat vector, its owned range [lo, hi), its piece's start in the shard
+  std::map<const void*, std::size_t> index_;    // each parameter's place, by its TensorImpl
   int level_;
   ShardGroup g_;
   std::int64_t total_ = 0, size_ = 0, begin_ = 0, end_ = 0;  // N, S, the owned range
@@ -110,6 +109,7 @@ MPX_DECL ZeroShard::ZeroShard(std::vector<at::Tensor> params, int level, ShardGr
   for (auto& p : params_) {
     if (p.scalar_type() != params_.front().scalar_type() || p.device() != params_.front().device())
       throw config_error("mpx: a Sharded<L> stage's parameters must share one dtype and one device (they are laid end to end)");
+    index_[p.unsafeGetTensorImpl()] = offset_.size();
     offset_.push_back(total_);
     total_ += p.numel();
   }
@@ -184,12 +184,22 @@ MPX_DECL void ZeroShard::scale_gradients(double c)
   if (flat_grad_.defined()) flat_grad_.mul_(c);
 }
 
-MPX_DECL double ZeroShard::gradient_sq() const
+MPX_DECL std::pair<std::int64_t, std::int64_t> ZeroShard::range_in(const at::Tensor& p, int r) const
 {
-  double sq = 0;
-  for (const auto& p : pieces_)
-    if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-  return sq;
+  const auto it = index_.find(p.unsafeGetTensorImpl());
+  if (it == index_.end()) throw config_error("mpx: a parameter that is not one of the sharded stage's was given to its ZeRO shard");
+  const std::int64_t off = offset_[it->second], n = p.numel();
+  return {std::clamp(r * size_ - off, std::int64_t(0), n), std::clamp((r + 1) * size_ - off, std::int64_t(0), n)};
+}
+
+MPX_DECL double ZeroShard::owned_gradient_sq(const std::vector<at::Tensor>& counted) const
+{
+  std::vector<at::Tensor> norms;
+  for (const auto& p : counted) {
+    const auto [lo, hi] = range_in(p, g_.index);
+    if (hi > lo && p.grad().defined()) norms.push_back(p.grad().reshape(-1).narrow(0, lo, hi - lo).norm());
+  }
+  return norms.empty() ? 0.0 : torch::stack(norms).to(at::kDouble).pow(2).sum().item<double>();
 }
 
 MPX_DECL void ZeroShard::zero()

@@ -57,6 +57,11 @@ class NcclRulesGroup : public ProcessGroupBase
   {
     return inner_->allgather(out, in, o);
   }
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_counts, std::vector<int64_t>& in_counts,
+                                               const c10d::AllToAllOptions& o) override
+  {
+    return inner_->alltoall_base(out, in, out_counts, in_counts, o);
+  }
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override { return inner_->barrier(o); }
 
  private:
