@@ -62,6 +62,7 @@ struct Options
   int timeout_s = 120;
   long log_every = 10;
   bool quiet = false;
+  bool memory_report = false;     ///< each pipeline rank prints what it holds (memory_report.hpp)
   int emulate_replicas = 1;       ///< layout 1 only: compute a data-parallel run's global batch (its parity reference)
   int tp = 1;                     ///< tensor-parallel degree of the text stage (layouts 2 and 2x2)
   int vision_tp = 1;              ///< tensor-parallel degree of the vision stage (layouts 2 and 2x2)

@@ -79,6 +79,9 @@ int main(int argc, char** argv)
   app.add_option("--timeout", o.timeout_s, "seconds any wait for a peer may take")->capture_default_str();
   app.add_option("--log-every", o.log_every)->capture_default_str();
   app.add_flag("--quiet", o.quiet, "no progress lines");
+  app.add_flag("--memory-report", o.memory_report,
+               "each rank of a pipeline layout prints its weights, gradients, optimizer state and peak memory beside the formulas "
+               "(malloc's statistics: run with MPX_KEEP_HOST_MEMORY=0)");
   app.add_flag("--profile", o.profile, "every step's times on stderr, on every rank (data, forward and backward, optimizer; a pipeline rank's walk and waits)");
   app.add_option("--trace", o.trace, "write the last step's actions of every rank as a Chrome trace (chrome://tracing, Perfetto) to FILE, "
                                      "and print the measured bubble beside the expected one (pipeline layouts)");

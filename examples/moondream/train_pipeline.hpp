@@ -7,6 +7,7 @@
 /// evaluation on rank 0.
 
 #include "costs.hpp"       // moondream::Plan, plan_of, workload_of
+#include "memory_report.hpp"  // moondream::MemoryReport
 #include "evaluation.hpp"  // moondream::evaluate, describe
 #include "metrics.hpp"     // moondream::Progress, write_plot
 #include "recipe.hpp"      // moondream::Options, make_data, initialise, step_indices, ...
@@ -145,8 +146,12 @@ int train_pipeline(const Options& o)
     if (o.optimizer == "adamw8bit" && !plan.mixes(s)) return nullptr;
     return make_optimizer(o, params, vision_params);
   };
+  MemoryReport mem;
+  if (o.memory_report) to.before_optimizer = [&](int, long, const std::vector<at::Tensor>&) { mem.at_optimizer(); };
   auto input = [](const Batch& b) { return b.crops; };
+  mem.before_build();
   mpx::Trainer<P, Batch> trainer(world, make, input, answer_loss, to);
+  mem.built();
 
   const std::string save = o.save;
   const std::string scratch = save.empty() ? (std::filesystem::temp_directory_path() / ("moondream_eval_" + std::to_string(env.master_port))).string() : save;
@@ -215,8 +220,12 @@ int train_pipeline(const Options& o)
       prog.record(step, total, st.loss, st.lr, st.grad_norm, st.seconds, samples, count_tokens(mbs, c) * world.replicas, st.skipped,
                   !o.quiet && (step % o.log_every == 0 || step + 1 == total));
     }
+    mem.step_returned();
+    mbs = {};
+    mem.batch_dropped();
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < total) checkpoint();
   }
+  if (o.memory_report) std::cout << report_memory<P>(trainer, mem, env.rank, o.optimizer == "adamw8bit") << std::flush;
   checkpoint();
   if (!o.trace.empty() && total > start) trainer.write_trace(o.trace);  // every rank: a collective
   eval("after training");
