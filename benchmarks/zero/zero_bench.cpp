@@ -3,7 +3,7 @@
 // runtime benchmark's model (benchmarks/runtime/model.hpp: 4 Linear 1024x1024 layers per stage, 4.2 M
 // parameters), trained under 1F1B with clipping. Every rank measures, with the allocator's statistics
 // (mpx's host cache for large tensors, malloc's for the rest):
-//   params  bytes that building the trainer added (the stage's parameters)
+//   params  bytes that building the trainer added (the stage's parameters; level 3: what it keeps of them between steps)
 //   grads   bytes in use at the optimizer's entry, less those after the step returned (the gradients
 //           dropped), the median over the steps after the first: what a step holds as gradients when the
 //           optimizer runs (level 2: only the shard's)
@@ -16,7 +16,7 @@
 //           through shared memory, so this is the data-parallel collectives'), median of the timed steps
 //   step    median seconds per step, the slowest rank's
 // Prints "result <d> <level> <optimizer> <rank> <N> <params> <grads> <state> <peak> <sent> <step>" per rank.
-//   zero_bench <replicas> <level 0|1|2> <adamw|adamw8bit> [steps]
+//   zero_bench <replicas> <level 0|1|2|3> <adamw|adamw8bit> [steps]
 #include "../flags.hpp"
 #include "../runtime/model.hpp"
 
@@ -76,7 +76,7 @@ int main(int argc, char** argv)
 {
   const auto args = bench::positional_of(argc, argv);
   if (args.size() < 4) {
-    std::fprintf(stderr, "usage: zero_bench <replicas> <level 0|1|2> <adamw|adamw8bit> [steps]\n");
+    std::fprintf(stderr, "usage: zero_bench <replicas> <level 0|1|2|3> <adamw|adamw8bit> [steps]\n");
     return 2;
   }
   const int replicas = std::stoi(args[1]), level = std::stoi(args[2]);

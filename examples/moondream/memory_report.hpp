@@ -5,8 +5,9 @@
 /// run with MPX_KEEP_HOST_MEMORY=0, so that every tensor comes from malloc at its own size) beside the
 /// formula's bytes — weights (what building the trainer added), gradients at the optimizer's entry (bytes in
 /// use in the `before_optimizer` hook less those once the step returned, the median over the steps after the
-/// first; the whole gradients, before a ZeRO-2 stage keeps its shard of them), optimizer state (what the
-/// first step added) and the peak resident set. benchmarks/zero/moondream_memory.sh runs it.
+/// first; the whole gradients, before a ZeRO-2 or -3 stage keeps its shard of them), optimizer state (what
+/// the first step added) and the peak resident set; under ZeRO-3 the weights kept between steps are the
+/// shard. benchmarks/zero/moondream_memory.sh runs it.
 
 #include <malloc.h>        // mallinfo2
 #include <sys/resource.h>  // getrusage
@@ -80,10 +81,12 @@ class MemoryReport
   std::vector<std::int64_t> grads_;
 };
 
-/// `mem`'s line for this rank of pipeline `P`: its stages' elements counted from their modules.
+/// `mem`'s line for this rank of pipeline `P`: its stages' elements counted from their modules (a collective:
+/// ZeRO-3's weights gathered to be counted; `weights_sharded`: what it keeps of them is the stepped shard).
 template <class P, class Trainer>
-std::string report_memory(Trainer& t, const MemoryReport& mem, int rank, bool eight_bit)
+std::string report_memory(Trainer& t, const MemoryReport& mem, int rank, bool eight_bit, bool weights_sharded = false)
 {
+  t.gather_parameters();
   std::int64_t weights = 0, trainable = 0, stepped = 0;
   auto count = [&](int s, const torch::nn::Module& m) {
     for (const auto& p : m.parameters()) weights += p.numel(), trainable += p.requires_grad() ? p.numel() : 0;
@@ -92,7 +95,7 @@ std::string report_memory(Trainer& t, const MemoryReport& mem, int rank, bool ei
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     ((t.holds(int(I)) ? (count(int(I), *t.template module<int(I)>()), 0) : 0), ...);
   }(std::make_index_sequence<P::num_stages>{});
-  return mem.line(rank, weights, trainable, stepped, eight_bit);
+  return mem.line(rank, weights_sharded ? weights - trainable + stepped : weights, trainable, stepped, eight_bit);
 }
 
 }  // namespace moondream

@@ -66,7 +66,7 @@ struct Options
   int emulate_replicas = 1;       ///< layout 1 only: compute a data-parallel run's global batch (its parity reference)
   int tp = 1;                     ///< tensor-parallel degree of the text stage (layouts 2 and 2x2)
   int vision_tp = 1;              ///< tensor-parallel degree of the vision stage (layouts 2 and 2x2)
-  int shard = 0;                  ///< ZeRO level over the replicas (layout 2x2): 0 none, 1 optimizer state, 2 and gradients
+  int shard = 0;                  ///< ZeRO level over the replicas (layout 2x2): 0 none, 1 optimizer state, 2 and gradients, 3 and weights
   std::string trace;              ///< a Chrome trace of the last step's actions on every rank (pipeline layouts)
   bool plan = false;              ///< print where layouts 2, 2b, 4 and 4b put the pieces and their predicted steps, then stop
   bool profile = false;           ///< every step's times on stderr (every rank)

@@ -7,6 +7,7 @@
 //   moondream_train --tp 2                           # vision | text split over 2 ranks (tensor parallel): 3 ranks
 //   moondream_train --tp 2 --vision-tp 2             # vision split over 2 ranks | text over 2: 4 ranks
 //   moondream_train --layout 2x2 --shard 2           # 2 replicas x 2 stages, each replica holding half the optimizer state and gradients
+//   moondream_train --layout 2x2 --shard 3           # ... and half the weights between steps (ZeRO-3)
 //   moondream_train --layout 4b --freeze-vision on   # 4 devices, partitioned where the config's costs say
 //   moondream_train --config md2 --freeze-vision on --plan   # where each layout puts the work, predicted
 //   moondream_train --config md2 --weights model.safetensors --tokenizer tokenizer.json --data docci.jsonl
@@ -38,8 +39,8 @@ int main(int argc, char** argv)
   app.add_option("--vision-tp", o.vision_tp, "tensor-parallel degree of the vision stage (layouts 2 and 2x2): 1 or 2")
       ->check(CLI::IsMember({1, 2}))
       ->capture_default_str();
-  app.add_option("--shard", o.shard, "ZeRO level over the data-parallel replicas (layout 2x2): 0 none, 1 optimizer state, 2 and gradients")
-      ->check(CLI::IsMember({0, 1, 2}))
+  app.add_option("--shard", o.shard, "ZeRO level over the data-parallel replicas (layout 2x2): 0 none, 1 optimizer state, 2 and gradients, 3 and parameters")
+      ->check(CLI::IsMember({0, 1, 2, 3}))
       ->capture_default_str();
   app.add_option("--schedule", o.schedule, "gpipe | 1f1b | zbh1")->check(CLI::IsMember({"gpipe", "1f1b", "zbh1"}))->capture_default_str();
   app.add_option("--microbatch-size", o.microbatch_size, "samples per micro-batch (a step is " + std::to_string(o.microbatches()) + " micro-batches per replica)")

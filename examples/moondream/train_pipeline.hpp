@@ -132,7 +132,7 @@ int train_pipeline(const Options& o)
   for (int i = 0; i < P::num_stages; ++i)
     if (plan.encoder_only(i)) to.lr_scale[std::size_t(i)] = o.vision_lr_scale;
   to.checkpoint_all = o.checkpoint;
-  to.sharding = o.shard;  // each replica steps 1/2 of every trained stage (a sharded stage's make_optimizer gets its pieces)
+  to.sharding = o.shard;  // each replica steps 1/2 of every trained stage (a sharded stage's make_optimizer gets its pieces); 3: keeps 1/2 of its weights
   to.checkpoint_blocks = o.checkpoint_blocks;
   to.checkpoints.checksums = o.checkpoint_checksums == "on";
   to.trace = !o.trace.empty();
@@ -162,6 +162,7 @@ int train_pipeline(const Options& o)
     if (module.tp_group->rank == 0) write_weights(dir + "/stage" + std::to_string(i) + ".safetensors", whole);
   };
   auto export_model = [&](const std::string& dir) {
+    trainer.gather_parameters();  // --shard 3: every replica's part, so that replica 0 holds the whole weights
     if (lead) std::filesystem::create_directories(dir);
     store_barrier(world, "mkdir/" + dir, wo.timeout);
     if (world.replica == 0)
@@ -225,7 +226,7 @@ int train_pipeline(const Options& o)
     mem.batch_dropped();
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < total) checkpoint();
   }
-  if (o.memory_report) std::cout << report_memory<P>(trainer, mem, env.rank, o.optimizer == "adamw8bit") << std::flush;
+  if (o.memory_report) std::cout << report_memory<P>(trainer, mem, env.rank, o.optimizer == "adamw8bit", o.shard == 3) << std::flush;
   checkpoint();
   if (!o.trace.empty() && total > start) trainer.write_trace(o.trace);  // every rank: a collective
   eval("after training");

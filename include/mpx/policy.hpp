@@ -14,7 +14,7 @@
 /// | `TensorParallel<N>`       | split the stage over N devices by heads (N must divide the heads)   |
 /// | `Layers<b, e>`            | the stage runs layers [b, e) of its module (layers.hpp)             |
 /// | `Reads<"f"...>`           | the stage reads these fields of the batch (batch.hpp)               |
-/// | `Sharded<L>`              | ZeRO level L over the data-parallel replicas: 1 optimizer state, 2 gradients too (runtime/sharded_optimizer.hpp) |
+/// | `Sharded<L>`              | ZeRO level L over the data-parallel replicas: 1 optimizer state, 2 gradients too, 3 parameters too (runtime/zero_shard.hpp) |
 ///
 /// Concept `Policy` — minimal complete definition: `static constexpr bool is_policy = true` in
 /// `mpx::policy_traits<T>`. Models: every type in the table.
@@ -111,14 +111,14 @@ struct Layers
 
 /// Sharded data parallelism (ZeRO) of the stage over its data-parallel replicas: at level 1 each replica
 /// keeps and steps 1/d of the optimizer state and all-gathers the updated parameters; at level 2 it keeps
-/// 1/d of the gradients too from the end of the step's reduction (runtime/sharded_optimizer.hpp).
-/// Fully sharded parameters (ZeRO-3) are not implemented yet.
+/// 1/d of the gradients too from the end of the step's reduction; at level 3 it keeps 1/d of the
+/// parameters between steps, all-gathered before the stage's first compute of a step (posted at its start)
+/// and released after its last (or whenever another stage computes: `TrainOptions::free_between_computes`), under every
+/// schedule (runtime/zero_shard.hpp, docs/09_sharded_data_parallel.md).
 template <int Level>
 struct Sharded
 {
-  static_assert(Level == 1 || Level == 2,
-                "mpx::Sharded<L>: L must be 1 (optimizer state) or 2 (optimizer state and gradients); fully sharded "
-                "parameters (3) are not implemented yet");
+  static_assert(Level >= 1 && Level <= 3, "mpx::Sharded<L>: L must be 1 (optimizer state), 2 (and gradients) or 3 (and parameters)");
   static constexpr int value = Level;
 };
 

@@ -210,6 +210,13 @@ int train(const std::string& out, int kill_rank, int kill_step, std::chrono::mil
     if (env.rank == 0 && options.scaler.enabled) std::printf("scale %ld %g skipped %d\n", step, st.loss_scale, int(st.skipped));
   }
   auto& trainer = *trainer_slot;
+  for (int s = 0; s < P::num_stages; ++s)  // what the parameters hold between steps: under ZeRO-3 nothing
+    if (trainer.holds(s) && env.rank == 0) {
+      std::int64_t kept = 0;
+      for (auto& p : trainer.parameters(s)) kept += p.numel();
+      std::printf("rank 0 stage %d keeps %lld parameter elements between steps\n", s, (long long)kept);
+    }
+  trainer.gather_parameters();  // ZeRO-3: whole again on every replica, to be read
   for (int s = 0; s < P::num_stages; ++s)  // what each rank's optimizer steps: under ZeRO its shard
     if (trainer.holds(s) && world.replicas > 1) {
       std::int64_t all = 0;

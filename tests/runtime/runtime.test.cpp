@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 namespace
 {
@@ -321,14 +322,29 @@ std::string run_across_step_2(const std::string& name, const std::string& out, c
 
 TEST_CASE("ZeRO-1 and ZeRO-2: 2 replicas x 2 slots, each replica stepping half of every stage's parameters, match one process under 1F1B, ZB-H1 and GPipe", "[runtime][parity][zero]")
 {
-  for (const char* name : {"dp2-p2-1f1b-zero1", "dp2-p2-1f1b-zero2", "dp2-p2-zbh1-zero2", "dp2-p2-gpipe-zero1"}) {
+  for (const char* name : {"dp2-p2-1f1b-zero1", "dp2-p2-zbh1-zero2", "dp2-p2-gpipe-zero1"}) {
     std::string out;
     check_parity(name, 1e-5, 1e-5, {}, -1, &out);
     CHECK(steps_share(out));  // rank 0's optimizer steps its half of stage 0, not the whole stage
   }
   scenario::Knobs overlap;  // no clipping: the optimizers step (and gather) before the end-of-step sum, which counts the shards
-  overlap.overlap = true;
+  overlap.overlap = true;   // (level 2 with clipping: ZB-H1 above, DP 2 -> DP 4 and tensor parallelism below)
   check_parity("dp2-p2-1f1b-zero2", 1e-5, 1e-5, {}, -1, nullptr, overlap);
+}
+
+TEST_CASE("ZeRO-3: 2 replicas x 2 slots, each keeping half of every stage's parameters between steps, match one process under ZB-H1 and GPipe (an inf skipping a step there), and interleaved freeing a stage while the other computes", "[runtime][parity][zero]")
+{
+  scenario::Knobs kept, inf, freed;
+  inf.inf_stage = 1, inf.inf_step = 2;  // a before_optimizer hook writes an inf into a gradient: every rank skips step 2
+  freed.sharding = 3;                   // TrainOptions::sharding: the plan checked at start-up
+  freed.free_between = true;            // each rank's two stages take turns: one whole, the other released
+  for (auto [name, knobs, skipped] : {std::tuple{"dp2-p2-zbh1-zero3", kept, -1}, {"dp2-p2-gpipe-zero3", inf, 2}, {"dp2-p2x2-interleaved", freed, -1}}) {
+    CAPTURE(name);
+    std::string out;
+    check_parity(name, 1e-5, 1e-5, {}, skipped, &out, knobs);
+    CHECK(steps_share(out));  // rank 0 steps (and keeps) half of stage 0 ...
+    CHECK(out.find("rank 0 stage 0 keeps 0 parameter elements between steps") != std::string::npos);  // ... and its parameters nothing
+  }
 }
 
 TEST_CASE("ZeRO-2 over tensor-parallel shards: DP 2 x PP 2 x TP 2 (8 ranks) trains like one process, reduce-scattered, and under sequence parallelism all-reduced", "[runtime][parity][zero][tp]")
@@ -342,17 +358,21 @@ TEST_CASE("ZeRO-2 over tensor-parallel shards: DP 2 x PP 2 x TP 2 (8 ranks) trai
 
 TEST_CASE("A replica killed before the all-gather of the sharded parameters ends its peer there with an error naming step and gather", "[runtime][errors][zero]")
 {
-  // ZeRO-1, 2 replicas x 2 stages, no clipping: the optimizers step, then all-gather, before the end-of-step
-  // sum. Rank 2 (replica 1 of stage 0) ends after its walk of step 2; rank 0, its data-parallel peer, waits
-  // in the gather
+  // Rank 2 (replica 1 of stage 0) ends; rank 0, its data-parallel peer, waits in the gather. ZeRO-1, no
+  // clipping: the optimizers step, then all-gather, before the end-of-step sum, and rank 2 ends after its
+  // walk of step 2. ZeRO-3: rank 2 ends as step 3 begins, and rank 0 waits before its first compute.
   const std::string dir = "/tmp/mpx-zero-kill-" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
-  auto res = test::spawn(4, {MPX_RANK_EXE, "dp2-p2-1f1b-zero1", dir, "--overlap", "--exit-before-sum=2,2"}, std::chrono::seconds(90));
-  INFO(all_output(res));
-  CHECK(res[2].code == 3);
-  CHECK(res[0].code == 1);
-  CHECK(res[0].seconds < 45);
-  CHECK(res[0].output.find("step 2, the all-gather of the sharded parameters (ZeRO)") != std::string::npos);
+  const std::vector<std::string> zero1{MPX_RANK_EXE, "dp2-p2-1f1b-zero1", dir, "--overlap", "--exit-before-sum=2,2"};
+  const std::vector<std::string> zero3{MPX_RANK_EXE, "dp2-p2-1f1b-zero3", dir, "2", "3"};
+  for (auto [args, step] : {std::pair{zero1, 2}, {zero3, 3}}) {
+    auto res = test::spawn(4, args, std::chrono::seconds(90));
+    INFO(all_output(res));
+    CHECK(res[2].code == 3);
+    CHECK(res[0].code == 1);
+    CHECK(res[0].seconds < 45);
+    CHECK(res[0].output.find("step " + std::to_string(step) + ", the all-gather of the sharded parameters (ZeRO)") != std::string::npos);
+  }
   std::filesystem::remove_all(dir);
 }
 
@@ -360,10 +380,10 @@ TEST_CASE("A sharded run's checkpoint holds the whole optimizer state by name: s
 {
   const std::string dir = "/tmp/mpx-zero-resume-" + std::to_string(::getpid());
   scenario::Knobs save;  // save at step 2, then go on from the files (new trainers: fresh weights and optimizer state)
-  save.resume_at = 2;
-  run_across_step_2("dp2-p2-1f1b-zero2", dir + "/zero2", save);
+  save.resume_at = 2;    // (ZeRO-3's save and load gather its parameters)
+  run_across_step_2("dp2-p2-1f1b-zero3", dir + "/zero3", save);
   run_across_step_2("dp2-p2-1f1b", dir + "/plain", save);
-  for (auto [name, from] : {std::pair{"dp2-p2-1f1b", "zero2"}, {"dp2-p2-1f1b-zero1", "zero2"}, {"dp2-p2-1f1b-zero1", "plain"}}) {
+  for (auto [name, from] : {std::pair{"dp2-p2-1f1b", "zero3"}, {"dp2-p2-1f1b-zero1", "zero3"}, {"dp2-p2-1f1b-zero3", "plain"}}) {
     scenario::Knobs resume;
     resume.resume_from_step = 2;
     resume.resume_from = dir + "/" + from + "/state";

@@ -32,7 +32,7 @@ template <class Sched>
 using P4 = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 1>>, Stage<Model, CPU<1>, Layers<1, 3>>,
                          Stage<Model, CPU<2>, Layers<3, 5>>, Stage<Model, CPU<3>, Layers<5, 6>>, Schedule<Sched>,
                          Microbatches<4>, mpx::Batch<tiny::Batch>>;
-/// Both stages sharded over the replicas (ZeRO level L: optimizer state; 2: gradients too).
+/// Both stages sharded over the replicas (ZeRO level L: optimizer state; 2: gradients too; 3: parameters too).
 template <class Sched, int L, int M = 4>
 using P2Sharded = mpx::Pipeline<Stage<Model, CPU<0>, Layers<0, 3>, mpx::Sharded<L>>, Stage<Model, CPU<1>, Layers<3, 6>, mpx::Sharded<L>>,
                                 Schedule<Sched>, Microbatches<M>, mpx::Batch<tiny::Batch>>;
@@ -132,12 +132,16 @@ bool visit(const std::string& name, F&& f)
   if (is("p4-zbh1")) return f(type<P4<ZBH1>>{}, 1), true;
   if (is("p2x2-interleaved")) return f(type<P2x2>{}, 1), true;
   if (is("p3x2-interleaved")) return f(type<P3x2>{}, 1), true;
+  if (is("dp2-p2x2-interleaved")) return f(type<P2x2>{}, 2), true;
   if (is("dp2-p2-1f1b")) return f(type<P2<OneFOneB>>{}, 2), true;
   if (is("dp2-p2-zbh1")) return f(type<P2<ZBH1>>{}, 2), true;
   if (is("dp2-p2-1f1b-zero1")) return f(type<P2Sharded<OneFOneB, 1>>{}, 2), true;
   if (is("dp2-p2-1f1b-zero2")) return f(type<P2Sharded<OneFOneB, 2>>{}, 2), true;
   if (is("dp2-p2-zbh1-zero2")) return f(type<P2Sharded<ZBH1, 2>>{}, 2), true;
   if (is("dp2-p2-gpipe-zero1")) return f(type<P2Sharded<GPipe, 1>>{}, 2), true;
+  if (is("dp2-p2-1f1b-zero3")) return f(type<P2Sharded<OneFOneB, 3>>{}, 2), true;
+  if (is("dp2-p2-zbh1-zero3")) return f(type<P2Sharded<ZBH1, 3>>{}, 2), true;
+  if (is("dp2-p2-gpipe-zero3")) return f(type<P2Sharded<GPipe, 3>>{}, 2), true;
   if (is("dp2-tp2-pp2-zero2")) return f(type<PTp2Pp2Sharded<tiny_tp::Model>>{}, 2), true;
   if (is("dp2-tp2-pp2-sp-zero2")) return f(type<PTp2Pp2Sharded<tiny_tp::SeqModel>>{}, 2), true;
   if (is("dp2-p2-1f1b-zero2-m2")) return f(type<P2Sharded<OneFOneB, 2, 2>>{}, 2), true;  // one pipeline type at 2 and 4 replicas:
@@ -199,6 +203,8 @@ struct Knobs
   int split_trials = 0;          ///< --split-trials=N: ZB-H1 settles its split after N trials of each way (0: the default)
   bool overlap = false;          ///< --overlap: no clipping and no skip: the optimizers step during the end-of-step all-reduce
   bool unmarked_blocks = false;  ///< --unmarked-blocks: the tiny model marks no blocks (ZB-H1 then runs a whole backward in I)
+  bool free_between = false;     ///< --free-between: ZeRO-3 frees a stage's parameters while another stage computes
+  int sharding = 0;              ///< --sharding=L: TrainOptions::sharding (ZeRO level L of every trainable stage)
   std::string trace;             ///< --trace=FILE: the last step's Chrome trace of every rank, written by rank 0
   int inf_stage = -1;            ///< --inject-inf=STAGE,STEP: an inf in that stage's gradient at that step
   long inf_step = -1;
@@ -218,6 +224,8 @@ struct Knobs
     if (split_trials > 0) f.push_back("--split-trials=" + std::to_string(split_trials));
     if (overlap) f.push_back("--overlap");
     if (unmarked_blocks) f.push_back("--unmarked-blocks");
+    if (free_between) f.push_back("--free-between");
+    if (sharding > 0) f.push_back("--sharding=" + std::to_string(sharding));
     if (!trace.empty()) f.push_back("--trace=" + trace);
     if (inf_stage >= 0) f.push_back("--inject-inf=" + std::to_string(inf_stage) + "," + std::to_string(inf_step));
     if (exit_rank >= 0) f.push_back("--exit-before-sum=" + std::to_string(exit_rank) + "," + std::to_string(exit_step));
@@ -242,6 +250,8 @@ struct Knobs
       if (name == "--split-trials") k.split_trials = std::stoi(value);
       else if (name == "--overlap") k.overlap = true;
       else if (name == "--unmarked-blocks") k.unmarked_blocks = true;
+      else if (name == "--free-between") k.free_between = true;
+      else if (name == "--sharding") k.sharding = std::stoi(value);
       else if (name == "--trace") k.trace = value;
       else if (name == "--inject-inf") pair(value, k.inf_stage, k.inf_step);
       else if (name == "--exit-before-sum") pair(value, k.exit_rank, k.exit_step);
@@ -263,6 +273,8 @@ inline mpx::TrainOptions options(const Knobs& k = {})
   o.clip_norm = 1.0;
   o.momentum = 0.9;  // SGD stages
   if (k.split_trials > 0) o.split_trials = k.split_trials;  // ZB-H1: settle the split sooner
+  o.free_between_computes = k.free_between;
+  o.sharding = k.sharding;
   if (k.overlap) {  // no clipping and no skip: the optimizers step during the end-of-step all-reduce
     o.clip_norm = 0;
     o.skip_nonfinite = false;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests for mpx/runtime/zero_shard.hpp in one process: the layout of the shards, the gradients in, a step of
-// the pieces against a step of the whole parameters, the state out and back. The collectives (several
-// replicas) run in tests/runtime/runtime.test.cpp's "[zero]" cases.
+// Tests for mpx/runtime/zero_shard.hpp in one process: the layout of the shards, the gradients in, level 3's
+// parameters released and gathered back. The collectives (several replicas) run in
+// tests/runtime/runtime.test.cpp's "[zero]" cases; the state out and back in zero_state.test.cpp.
 #include "support/catch_torch.hpp"
 
 #include <mpx/optim/fused_adamw.hpp>
@@ -47,7 +47,7 @@ TEST_CASE("Three replicas own 6, 6 and 4 of 16 elements laid end to end: each it
   CHECK(r1.range_in(ps[0], 1) == Range{5, 5});
   CHECK(r1.range_in(ps[2], 2) == Range{0, 4});
   CHECK_THROWS_WITH(r1.range_in(torch::zeros({5}), 0), Catch::Contains("not one of the sharded stage's"));
-  CHECK_THROWS_WITH(mpx::ZeroShard(ps, 3, zero_replica(0, 2)), Catch::Contains("1 or 2"));
+  CHECK_THROWS_WITH(mpx::ZeroShard(ps, 4, zero_replica(0, 2)), Catch::Contains("1, 2 or 3"));
   const auto w = torch::zeros({4});
   CHECK_THROWS_WITH(mpx::ZeroShard({w, w.view({2, 2})}, 1, zero_replica(0, 2)), Catch::Contains("tied"));
   CHECK_THROWS_WITH(mpx::ZeroShard({torch::zeros({2}), torch::zeros({2}, torch::kDouble)}, 1, zero_replica(0, 2)), Catch::Contains("one dtype"));
@@ -83,38 +83,37 @@ TEST_CASE("gradients_in: the owned parts of the gradients (level 1 views, level 
   }
 }
 
-TEST_CASE("One replica: AdamW over the pieces steps the parameters exactly as AdamW over them, and its state goes out whole and back", "[rooms][zero]")
+TEST_CASE("Level 3 keeps the shard between gathers: the parameters empty at rest, whole after a gather with the stepped values, and what a forward saved sees them", "[rooms][zero]")
 {
-  torch::manual_seed(5);
-  std::vector<at::Tensor> a{torch::randn({30, 7}), torch::randn({11})}, b{a[0].clone(), a[1].clone()};
-  const auto o = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
-  mpx::ZeroShard shard(a, 2, zero_replica(0, 1));
-  mpx::FusedAdamW sharded(shard.pieces(), o), plain(b, o);
-  for (int step = 0; step < 3; ++step) {
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      a[i].mutable_grad() = torch::sin(a[i].detach() * (step + 1));
-      b[i].mutable_grad() = a[i].grad().clone();
-    }
-    shard.gradients_in();
-    sharded.step();
-    shard.start_gather(step);
-    shard.finish_gather();
-    plain.step();
-    for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i], b[i]));
-  }
-  auto whole = mpx::detail::same_kind(sharded, a);
-  shard.gather_state(sharded, *whole);
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto got = mpx::detail::moments_of(*whole, a[i]), want = mpx::detail::moments_of(plain, b[i]);
-    CHECK(got.step == 3);
-    CHECK(torch::equal(got.fields.at("exp_avg"), want.fields.at("exp_avg")));
-    CHECK(torch::equal(got.fields.at("exp_avg_sq"), want.fields.at("exp_avg_sq")));
-  }
-  mpx::FusedAdamW fresh(shard.pieces(), o);
-  shard.scatter_state(*whole, fresh);
-  for (const auto& piece : shard.pieces()) {
-    const auto got = mpx::detail::moments_of(fresh, piece), want = mpx::detail::moments_of(sharded, piece);
-    CHECK(got.step == want.step);
-    CHECK(torch::equal(got.fields.at("exp_avg"), want.fields.at("exp_avg")));
-  }
+  auto ps = zero_params();
+  for (auto& p : ps) p.requires_grad_(true);
+  mpx::ZeroShard z(ps, 3, zero_replica(0, 1));  // one replica: the shard is everything, the gather a copy
+  for (auto& p : ps) CHECK(p.numel() == 0);     // at rest: 0 elements, a read fails by its shape
+  REQUIRE(z.pieces().size() == 3);
+  CHECK(torch::equal(z.pieces()[1], torch::arange(5, 12, torch::kFloat)));  // the shard holds the values
+  CHECK(!z.whole());
+  z.start_gather(0);
+  z.finish_gather();
+  CHECK(z.whole());
+  CHECK(torch::equal(ps[1], torch::arange(5, 12, torch::kFloat).view({7, 1})));
+  const auto x = torch::ones({3, 2}, torch::requires_grad());
+  const auto y = x.matmul(ps[2]).sum();  // saves the weight for x's gradient
+  z.release(false);                       // memory gone, shapes kept
+  CHECK(ps[2].sizes() == at::IntArrayRef{2, 2});
+  CHECK(ps[2].storage().nbytes() == 0);
+  z.pieces()[2].detach().add_(1);  // "the optimizer steps the shard"
+  z.start_gather(0);
+  z.finish_gather();
+  CHECK(torch::equal(ps[2], torch::arange(13, 17, torch::kFloat).view({2, 2})));
+  y.backward();  // the saved weight is the gathered one again: each row of x's gradient holds W's row sums
+  CHECK(torch::equal(x.grad(), torch::tensor({27.f, 31.f}).expand({3, 2})));
+  CHECK(torch::equal(ps[2].grad(), torch::full({2, 2}, 3.f)));
+  z.gradients_in();
+  CHECK(torch::equal(z.pieces()[2].grad(), torch::full({4}, 3.f)));
+  CHECK(!ps[2].grad().defined());  // level 3 drops the whole gradients, as level 2
+  ps[0].detach().fill_(-1);        // written while whole (a checkpoint's load) ...
+  z.keep_owned();                  // ... and kept
+  z.release(true);
+  CHECK(ps[0].numel() == 0);
+  CHECK(torch::equal(z.pieces()[0], torch::full({5}, -1.f)));
 }

@@ -24,7 +24,6 @@
 
 namespace mpx
 {
-
 /// What a walk reads of the pipeline's type: its layout, the schedule's name, this rank's actions in order.
 struct ScheduleFacts
 {
@@ -35,7 +34,6 @@ struct ScheduleFacts
 
 namespace detail
 {
-
 class ExecutorCore
 {
   using clock = std::chrono::steady_clock;
@@ -61,10 +59,13 @@ class ExecutorCore
   MPX_DECL ~ExecutorCore();
   ExecutorCore(const ExecutorCore&) = delete;  // the calls point at the typed executor that holds it
   ExecutorCore& operator=(const ExecutorCore&) = delete;
-
+  /// Calls around each compute action, by its place in `actions()` (before: true, after: false): ZeRO-3's gathers.
+  using AroundCall = std::function<void(std::size_t k, bool before)>;
   /// Runs step `step`'s actions. The last stage seeds its backward with `loss_seed` (the loss scale);
-  /// `last_backward(s)` runs before stage s's last backward, `stage_done(s)` after it.
-  MPX_DECL Walk walk(double loss_seed, long step, TraceRecorder* trace, const StageCall& last_backward, const StageCall& stage_done);
+  /// `last_backward(s)` runs before stage s's last backward, `stage_done(s)` after it, `around` (if set)
+  /// around every compute.
+  MPX_DECL Walk walk(double loss_seed, long step, TraceRecorder* trace, const StageCall& last_backward, const StageCall& stage_done,
+                     const AroundCall& around = {});
 
   /// The split's facts (split_state.hpp): whether the schedule splits, the trainer's choice, each stage's marks.
   const SplitState& split() const { return split_; }
@@ -81,7 +82,6 @@ class ExecutorCore
     at::Tensor loss;
     std::unique_ptr<PendingRecv> recv_f, recv_b;  // not movable: the receiver thread points at them
   };
-
   MPX_DECL void run(Action a, std::size_t k, at::Tensor& loss_sum, const StageCall& stage_done);
   MPX_DECL void forward(Action a, MicroState& st, at::Tensor& loss_sum);
   /// A backward's outputs and their gradients: the loss and the seed (last stage), else the received ones.
@@ -112,7 +112,6 @@ class ExecutorCore
   double seed_ = 1;
   long step_ = 0;
 };
-
 }  // namespace detail
 }  // namespace mpx
 
@@ -126,7 +125,6 @@ class ExecutorCore
 
 #include <algorithm>  // std::fill, std::any_of
 #include <iostream>   // std::clog
-
 namespace mpx::detail
 {
 
@@ -136,11 +134,10 @@ MPX_DECL ExecutorCore::ExecutorCore(World& w, StageSetBase& stages, ScheduleFact
       split_(num_stages(), std::any_of(facts_.actions.begin(), facts_.actions.end(), [](Action a) { return a.op == Op::W; })),
       backward_left_(std::size_t(num_stages()), num_microbatches()), weights_left_(std::size_t(num_stages()), num_microbatches())
 {}
-
 MPX_DECL ExecutorCore::~ExecutorCore() = default;
 
 MPX_DECL ExecutorCore::Walk ExecutorCore::walk(double loss_seed, long step, TraceRecorder* trace, const StageCall& last_backward,
-                                               const StageCall& stage_done)
+                                               const StageCall& stage_done, const AroundCall& around)
 {
   Walk out;
   tp::Scope scope(w_.tp);  // the slot's tensor-parallel group for the stages, the loss and the backward
@@ -156,9 +153,12 @@ MPX_DECL ExecutorCore::Walk ExecutorCore::walk(double loss_seed, long step, Trac
     const Action a = actions[k];
     const auto a0 = clock::now();
     wait_ = {};
-    if (computes_weights(a) && weights_left_[a.stage] == 1) last_backward(int(a.stage));
+    const bool around_it = around && is_compute(a.op);
     try {
+      if (around_it) around(k, true);
+      if (computes_weights(a) && weights_left_[a.stage] == 1) last_backward(int(a.stage));
       run(a, k, out.loss_sum, stage_done);
+      if (around_it) around(k, false);
     } catch (...) {
       report_failure(std::current_exception(), context(a, k, true), context(a, k, false), a.stage);
     }

@@ -72,7 +72,8 @@ struct TrainOptions
   bool checkpoint_all = false;                 ///< checkpoint every stage, as if each had mpx::Checkpointed
   bool checkpoint_blocks = false;              ///< checkpoint every stage's blocks, as if each had mpx::CheckpointBlocks
   std::optional<at::ScalarType> autocast;      ///< autocast every stage's forward (kBFloat16, kHalf) unless its policy says otherwise
-  int sharding = 0;                            ///< ZeRO level 1 or 2 of every trainable stage, as if each had mpx::Sharded<L>, unless its policy says one
+  int sharding = 0;                            ///< ZeRO level 1, 2 or 3 of every trainable stage, as if each had mpx::Sharded<L>, unless its policy says one
+  bool free_between_computes = false;          ///< ZeRO-3: release a stage's parameters whenever this rank's next compute is another stage's (interleaved schedules), gathered again one compute ahead (shard_plan.hpp); else whole from its first compute of a step to its last
   /// Builds stage `stage`'s optimizer over its trainable parameters instead of its Optimizer policy
   /// (return nullptr to keep the policy's); a sharded stage's over this replica's pieces of them (1-D
   /// views: runtime/zero_shard.hpp), as AdamW, AdamW8bit or SGD.

@@ -12,8 +12,9 @@
 /// no add; the host cache makes the fresh buffer cheap); `save` / `load` write and read one stage's
 /// optimizer state. A `Sharded<L>` stage (or every trainable stage under `TrainOptions::sharding`) with
 /// several replicas steps this replica's shard of its parameters (runtime/zero_shard.hpp; `make_optimizer`
-/// is then given the shard's pieces and must build AdamW, AdamW8bit or SGD): `gradients_in` takes the owned gradients (level 2 before the step's end,
-/// level 1 in `step`), `step` then all-gathers the updated parameters; checkpoints see the whole state
+/// is then given the shard's pieces and must build AdamW, AdamW8bit or SGD): `gradients_in` takes the owned gradients (levels 2, 3 before the step's end,
+/// level 1 in `step`), `step` then all-gathers the updated parameters (level 3: before the stage's computes,
+/// runtime/zero_gathers.hpp); checkpoints see the whole state (zero_state.hpp)
 /// through `checkpointed(s)` between `gather_state` (a collective) or `prepare_state`, and `drop_state` or `take_state`.
 
 #include <mpx/optim/adamw8bit.hpp>       // mpx::AdamW8bitOptimizer
@@ -23,6 +24,7 @@
 #include <mpx/runtime/options.hpp>       // mpx::TrainOptions
 #include <mpx/runtime/stage_set_base.hpp>  // mpx::StageSetBase
 #include <mpx/runtime/zero_shard.hpp>      // mpx::ZeroShard, mpx::ShardGroup
+#include <mpx/runtime/zero_state.hpp>      // mpx::gather_state, mpx::scatter_state
 #include <mpx/optim/moments.hpp>          // mpx::detail::moment_names, same_kind
 
 #include <torch/torch.h>  // torch::optim, torch::serialize
@@ -65,8 +67,19 @@ class StageOptimizers
   int sharding(int s) const { return shards_.at(std::size_t(s)) ? shards_[std::size_t(s)]->level() : 0; }
   /// Stage s's ZeRO shard on this rank (null: unsharded, or one replica).
   const ZeroShard* shard(int s) const { return shards_.at(std::size_t(s)).get(); }
-  /// A sharded stage's owned gradients into its shard (level 2: the whole gradients dropped).
+  /// A sharded stage's owned gradients into its shard (levels 2, 3: the whole gradients dropped).
   void gradients_in(int s) { shards_.at(std::size_t(s))->gradients_in(); }
+  /// Every stage's shard, by stage (null: unsharded).
+  std::vector<ZeroShard*> shards()
+  {
+    std::vector<ZeroShard*> out;
+    for (auto& z : shards_) out.push_back(z.get());
+    return out;
+  }
+  /// Level 3, collectives over the replicas in stage order: every stage's parameters made whole (until the
+  /// next step; runtime/zero_gathers.hpp gathers them during a step), or released and emptied.
+  MPX_DECL void gather_parameters(long step);
+  MPX_DECL void release_parameters();
   /// Scales the sharded stages' gradients that are in their shards (clipping).
   void scale_shard_gradients(double c)
   {
@@ -152,8 +165,8 @@ namespace mpx
 
 MPX_DECL StageOptimizers::StageOptimizers(const StageSetBase& stages, const TrainOptions& o, ShardGroup g) : lr_scale_(o.lr_scale)
 {
-  if (o.sharding < 0 || o.sharding > 2)
-    throw config_error("mpx: TrainOptions::sharding = " + std::to_string(o.sharding) + ": use 0 (as the stages declare), 1 or 2 (ZeRO levels)");
+  if (o.sharding < 0 || o.sharding > 3)
+    throw config_error("mpx: TrainOptions::sharding = " + std::to_string(o.sharding) + ": use 0 (as the stages declare), 1, 2 or 3 (ZeRO levels)");
   const auto n = std::size_t(stages.num_stages());
   optimizers_.resize(n), params_.resize(n), group_share_.resize(n), shards_.resize(n), whole_.resize(n), trainable_.resize(n);
   for (int s = 0; s < stages.num_stages(); ++s) {
@@ -204,14 +217,29 @@ MPX_DECL void StageOptimizers::step(double lr, long step)
     if (shards_[s] && shards_[s]->level() == 1) shards_[s]->gradients_in();
     opt->step();
   }
+  for (auto& z : shards_)  // level 3 gathers before the next step's computes
+    if (z && z->level() < 3) z->start_gather(step);
   for (auto& z : shards_)
-    if (z) z->start_gather(step);
+    if (z && z->level() < 3) z->finish_gather();
+}
+
+MPX_DECL void StageOptimizers::gather_parameters(long step)
+{
   for (auto& z : shards_)
-    if (z) z->finish_gather();
+    if (z && z->level() == 3) z->start_gather(step);
+  for (auto& z : shards_)
+    if (z && z->level() == 3) z->finish_gather();
+}
+
+MPX_DECL void StageOptimizers::release_parameters()
+{
+  for (auto& z : shards_)
+    if (z) z->release(true);
 }
 
 MPX_DECL void StageOptimizers::prepare_state()
 {
+  gather_parameters(-1);  // level 3: the parameters whole, to be saved or loaded into
   for (std::size_t s = 0; s < shards_.size(); ++s)
     if (shards_[s]) whole_[s] = detail::same_kind(*optimizers_[s], trainable_[s]);
 }
@@ -220,13 +248,15 @@ MPX_DECL void StageOptimizers::gather_state()
 {
   prepare_state();
   for (std::size_t s = 0; s < shards_.size(); ++s)
-    if (shards_[s]) shards_[s]->gather_state(*optimizers_[s], *whole_[s]);
+    if (shards_[s]) mpx::gather_state(*shards_[s], *optimizers_[s], *whole_[s]);
 }
 
 MPX_DECL void StageOptimizers::take_state()
 {
   for (std::size_t s = 0; s < shards_.size(); ++s)
-    if (whole_[s]) shards_[s]->scatter_state(*whole_[s], *optimizers_[s]), whole_[s].reset();
+    if (whole_[s]) mpx::scatter_state(*shards_[s], *whole_[s], *optimizers_[s]), whole_[s].reset();
+  for (auto& z : shards_)
+    if (z) z->keep_owned();  // level 3: the loaded parameters' owned part into the shard
 }
 
 }  // namespace mpx

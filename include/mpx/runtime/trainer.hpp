@@ -27,19 +27,46 @@
 #include <mpx/runtime/stage_set.hpp>        // mpx::StageSet
 #include <mpx/runtime/trainer_core.hpp>     // mpx::detail::TrainerCore
 #include <mpx/runtime/world/world.hpp>      // mpx::World
+#include <mpx/shard_plan.hpp>               // mpx::shard_plan, mpx::check_shard_plan
 #include <mpx/table_view.hpp>               // mpx::table_view, mpx::proof_of
 
+#include <algorithm>  // std::find
 #include <iostream>  // std::cout
 #include <string>    // std::string
+#include <utility>   // std::index_sequence
 #include <vector>    // std::vector
 
 namespace mpx
 {
 
+namespace detail
+{
+/// Whether ZeRO-3's plans (shard_plan.hpp) hold on every slot of P's table, both modes, for the stages
+/// that declare `Sharded<3>`: proved here at compile time where the table is; a larger table's plan, and one
+/// that `TrainOptions::sharding = 3` asks for at run time, are checked at start-up (zero_gathers.hpp).
+template <PipelineType P>
+consteval bool shard_plans_hold()
+{
+  std::vector<int> level;
+  [&]<std::size_t... I>(std::index_sequence<I...>) { (level.push_back(P::template stage<int(I)>::sharding), ...); }(
+      std::make_index_sequence<std::size_t(P::num_stages)>{});
+  if (std::find(level.begin(), level.end(), 3) == level.end()) return true;
+  if constexpr (P::num_steps > static_table_steps) return true;
+  else
+    for (int r = 0; r < P::num_slots; ++r)
+      for (bool free_between : {false, true}) {
+        const auto a = expand(view(table_v<P>), r);
+        if (!check_shard_plan(a, level, shard_plan(a, level, free_between)).ok) return false;
+      }
+  return true;
+}
+}  // namespace detail
+
 template <PipelineType P, class Batch>
 class Trainer
 {
   static constexpr int M = P::num_microbatches;
+  static_assert(detail::shard_plans_hold<P>(), "mpx::Trainer: ZeRO-3's gathers and releases do not hold on this schedule's table (shard_plan.hpp)");
 
  public:
   using Input = typename Executor<P, Batch>::Input;
@@ -70,6 +97,11 @@ class Trainer
 
   /// The order of a step's end (detail::TrainerCore::step_order).
   StepOrder step_order() const { return core_.step_order(); }
+
+  /// Collective over the data-parallel replicas (every rank calls it): the parameters of `Sharded<3>`
+  /// stages whole on this rank until the next step — between steps they hold 0 elements (ZeRO-3). Read a
+  /// module's weights after it; save and load gather by themselves.
+  void gather_parameters() { core_.gather_parameters(); }
 
   /// This rank's module of stage I (a `config_error` if stage I lives on another rank).
   template <int I>

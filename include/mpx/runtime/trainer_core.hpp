@@ -18,17 +18,17 @@
 #include <mpx/runtime/stage_optimizers.hpp>  // mpx::StageOptimizers
 #include <mpx/runtime/stage_set_base.hpp>    // mpx::StageSetBase
 #include <mpx/runtime/trace.hpp>             // mpx::TraceRecorder, mpx::TraceLabel
+#include <mpx/runtime/zero_gathers.hpp>      // mpx::ZeroGathers
 #include <mpx/runtime/world/world.hpp>       // mpx::World
 
 #include <chrono>    // std::chrono::steady_clock
-#include <iostream>  // std::cout
+#include <iostream>  // std::clog, std::ostream
 #include <memory>    // std::unique_ptr
 #include <string>    // std::string
 #include <utility>   // std::exchange
 
 namespace mpx::detail
 {
-
 /// A `config_error` naming the fix when a step is given `got` micro-batches and the pipeline declares `declared`.
 MPX_DECL void check_microbatch_count(std::size_t got, int declared);
 
@@ -38,11 +38,7 @@ class TrainerCore
 
  public:
   /// The order of a step's end (see `step_order`).
-  enum class StepOrder
-  {
-    agree_then_step,
-    step_then_agree,
-  };
+  enum class StepOrder { agree_then_step, step_then_agree };
 
   /// `label`: the schedule's name, slots, micro-batches and expected bubble (traces print them).
   MPX_DECL TrainerCore(World& world, TrainOptions options, StageSetBase& stages, ExecutorCore& executor, TraceLabel label);
@@ -65,6 +61,8 @@ class TrainerCore
 
   MPX_DECL void save(const std::string& root);
   MPX_DECL void load(const std::string& path);
+  /// Collective over the replicas: ZeRO-3 stages' parameters whole on this rank until the next step.
+  void gather_parameters() { optimizers_.gather_parameters(step_); }
   long steps_done() const { return step_; }
   std::int64_t stepped_elements(int s) const { return optimizers_.stepped_elements(s); }
   long skipped_steps() const { return scaler_.skipped(); }
@@ -79,7 +77,6 @@ class TrainerCore
   MPX_DECL void complete_gradients(clock::time_point t0);
   MPX_DECL void update_parameters(const ExecutorCore::Walk& walk, StepStats& st);
   MPX_DECL StepReduction agree_on_step(const ExecutorCore::Walk& walk, bool agree_first);
-  MPX_DECL void trace_buckets(clock::time_point t0);
   MPX_DECL void step_optimizers(StepStats& st);
   MPX_DECL bool splits_here() const;
   MPX_DECL void call_before_optimizer();
@@ -93,6 +90,7 @@ class TrainerCore
   StageSetBase& stages_;
   StageOptimizers optimizers_;
   ExecutorCore& executor_;
+  ZeroGathers gathers_;  // ZeRO-3's gathers and releases around the walk's computes
   std::unique_ptr<ShmSum> sum_;  // the end-of-step sum through shared memory when the world shares a host, else null (Gloo; shm_links.hpp)
   GradientBuckets buckets_;
   SplitDecision split_;
@@ -105,7 +103,6 @@ class TrainerCore
   long steps_run_ = 0;  // steps this trainer ran in this process (step_ counts those of a resumed checkpoint too)
   StepStats last_;
 };
-
 }  // namespace mpx::detail
 
 #if MPX_DEFINITIONS
@@ -116,8 +113,6 @@ class TrainerCore
 
 namespace mpx::detail
 {
-
-
 MPX_DECL void check_microbatch_count(std::size_t got, int declared)
 {
   if (got != std::size_t(declared))
@@ -128,7 +123,7 @@ MPX_DECL void check_microbatch_count(std::size_t got, int declared)
 MPX_DECL TrainerCore::TrainerCore(World& world, TrainOptions options, StageSetBase& stages, ExecutorCore& executor, TraceLabel label)
     : w_(world), o_(std::move(options)), label_(std::move(label)), scaler_(o_.scaler), stages_(stages),
       optimizers_(stages_, o_, ShardGroup{w_.dp, w_.dp ? w_.dp->getRank() : 0, w_.replicas, w_.timeout, w_.env.rank}),
-      executor_(executor), sum_(make_world_sum(w_)), buckets_(w_.dp, w_.replicas, o_.bucket_bytes, w_.timeout),
+      executor_(executor), gathers_(optimizers_.shards(), executor_.actions(), o_.free_between_computes), sum_(make_world_sum(w_)), buckets_(w_.dp, w_.replicas, o_.bucket_bytes, w_.timeout),
       split_(executor_.split().schedule_splits(), o_.split_backward, o_.split_trials)
 {
   for (int s = 0; s < stages_.num_stages(); ++s) {
@@ -168,11 +163,13 @@ MPX_DECL StepStats TrainerCore::step()
 MPX_DECL void TrainerCore::save(const std::string& root)
 {
   save_training_state(w_, root, stages_, optimizers_, {step_, scaler_.scale(), scaler_.skipped(), scaler_.good_steps()}, o_.checkpoints);
+  optimizers_.release_parameters();  // ZeRO-3: gathered for the files
 }
 
 MPX_DECL void TrainerCore::load(const std::string& path)
 {
   const auto t = load_training_state(w_, path, stages_, optimizers_, {step_, scaler_.scale(), 0, 0}, o_.checkpoints);
+  optimizers_.release_parameters();
   step_ = t.step;
   scaler_.restore(t.loss_scale, t.skipped, t.good_steps);
 }
@@ -184,22 +181,25 @@ MPX_DECL double TrainerCore::write_trace(const std::string& path, std::ostream& 
 }
 
 /// A step's first phase: the schedule's walk, data-parallel buckets arming before each stage's last
-/// backward and starting after it.
+/// backward and starting after it, ZeRO-3's gathers and releases around the computes (zero_gathers.hpp).
 MPX_DECL ExecutorCore::Walk TrainerCore::walk_schedule(clock::time_point t0)
 {
+  ExecutorCore::AroundCall around;
+  if (gathers_.any()) gathers_.begin(step_), around = [this](std::size_t k, bool before) { gathers_.around(k, before); };
   auto walk = executor_.walk(
       scaler_.scale(), step_, o_.trace ? &trace_ : nullptr,
       [this](int s) {
         if (o_.overlap_reduction) buckets_.arm(stages_.parameters(s), scattered(s));
       },
-      [this](int s) { buckets_.start(stages_.parameters(s), scattered(s)); });
-  if (o_.trace) trace_buckets(t0);
+      [this](int s) { buckets_.start(stages_.parameters(s), scattered(s)); }, around);
+  const auto& at = buckets_.launched_at();  // the step's bucket starts, as instants in the trace
+  for (std::size_t b = 0; o_.trace && b < at.size(); ++b) trace_.mark("all-reduce bucket " + std::to_string(b) + " starts", micros_of(at[b] - t0), 0);
   return walk;
 }
 
 /// The gradients made complete: the data-parallel reduction finished, under sequence parallelism (and
-/// shared key/value heads) the partial gradients summed, the user's `before_optimizer` called, the loss
-/// scale divided out.
+/// shared key/value heads) the partial gradients summed, ZeRO-3's parameters emptied, the user's
+/// `before_optimizer` called, the loss scale divided out.
 MPX_DECL void TrainerCore::complete_gradients(clock::time_point t0)
 {
   const auto f0 = clock::now();
@@ -207,6 +207,7 @@ MPX_DECL void TrainerCore::complete_gradients(clock::time_point t0)
   if (o_.trace && w_.replicas > 1) trace_.mark("wait all-reduce", micros_of(f0 - t0), micros_of(clock::now() - f0));
   for (int s = 0; s < stages_.num_stages(); ++s)
     if (stages_.holds(s)) stages_.sum_partial_gradients(s);
+  optimizers_.release_parameters();  // ZeRO-3: emptied, nothing reads their shapes now (a hook sees 0 elements)
   call_before_optimizer();
   if (scaler_.enabled()) unscale(held_, scaler_.scale());
   shed_gradients();
@@ -222,8 +223,8 @@ MPX_DECL void TrainerCore::shed_gradients()
     if (!stages_.holds(s)) continue;
     const auto i = std::size_t(h++);
     if (scattered(s)) shed_sq_ += w_.replicas * optimizers_.shard(s)->owned_gradient_sq(shard_counted_[i]);
-    else if (optimizers_.sharding(s) == 2) shed_sq_ += local_grad_sq(StageNormTerms{counted_[i]});
-    if (optimizers_.sharding(s) == 2) optimizers_.gradients_in(s);
+    else if (optimizers_.sharding(s) >= 2) shed_sq_ += local_grad_sq(StageNormTerms{counted_[i]});
+    if (optimizers_.sharding(s) >= 2) optimizers_.gradients_in(s);
   }
 }
 
@@ -264,13 +265,6 @@ MPX_DECL StepReduction TrainerCore::agree_on_step(const ExecutorCore::Walk& walk
   return finish_reduce_step(w_, reduction);
 }
 
-/// The step's bucket starts, as instants in the trace (data parallelism).
-MPX_DECL void TrainerCore::trace_buckets(clock::time_point t0)
-{
-  const auto& at = buckets_.launched_at();
-  for (std::size_t b = 0; b < at.size(); ++b) trace_.mark("all-reduce bucket " + std::to_string(b) + " starts", micros_of(at[b] - t0), 0);
-}
-
 /// Clips (when clipping is on: the global norm is known then) and steps every optimizer.
 MPX_DECL void TrainerCore::step_optimizers(StepStats& st)
 {
@@ -284,9 +278,9 @@ MPX_DECL void TrainerCore::step_optimizers(StepStats& st)
 /// Whether some stage of this rank runs its backward split (its module marks blocks).
 MPX_DECL bool TrainerCore::splits_here() const
 {
-  for (int s = 0; s < stages_.num_stages(); ++s)
-    if (stages_.holds(s) && executor_.split().ran_split(s)) return true;
-  return false;
+  bool any = false;
+  for (int s = 0; s < stages_.num_stages(); ++s) any = any || (stages_.holds(s) && executor_.split().ran_split(s));
+  return any;
 }
 
 MPX_DECL void TrainerCore::call_before_optimizer()
