@@ -53,11 +53,11 @@ consteval bool shard_plans_hold()
   if (std::find(level.begin(), level.end(), 3) == level.end()) return true;
   if constexpr (P::num_steps > static_table_steps) return true;
   else
-    for (int r = 0; r < P::num_slots; ++r)
-      for (bool free_between : {false, true}) {
-        const auto a = expand(view(table_v<P>), r);
+    for (int r = 0; r < P::num_slots; ++r) {
+      const auto a = expand(view(table_v<P>), r);
+      for (bool free_between : {false, true})
         if (!check_shard_plan(a, level, shard_plan(a, level, free_between)).ok) return false;
-      }
+    }
   return true;
 }
 }  // namespace detail
