@@ -23,33 +23,13 @@ for opt in adamw adamw8bit; do
   done
 done
 out=benchmarks/results/zero_moondream_$(hostname -s)_$(date +%Y%m%d).md
-source benchmarks/results_file.sh && keep_earlier "$out"
+source benchmarks/results_file.sh && results_begin "$out" "Sharded data parallelism (ZeRO) on the moondream medium config: bytes per rank"
 {
-  echo "# Sharded data parallelism (ZeRO) on the moondream medium config: bytes per rank"
-  echo
-  echo "- date: $(date -u +%Y-%m-%dT%H:%MZ); $(describe_machine | paste -sd ';' - | sed 's/;/; /g')"
-  echo "- mpx: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- include examples || echo ' with uncommitted changes')"
   echo "- run: moondream_train --config medium --layout 2x2 --shard L --optimizer O --steps $steps --microbatch-size 1 --train-samples 64 --checkpoint-blocks --memory-report, MPX_KEEP_HOST_MEMORY=0 (activation checkpointing per block keeps the vision ranks' activations within this 23 GiB machine: without it a vision rank peaked at 12-13.6 GiB) (ranks 0 and 2: vision, replicas 0 and 1; ranks 1 and 3: text)"
   echo "- measured (examples/moondream/memory_report.hpp): weights = bytes building the trainer added (the model's buffers too); gradients = bytes in use in the before_optimizer hook less those once the step returned (median over the steps after the first; the whole gradients: a ZeRO-2 stage keeps its shard of them after the hook); state = bytes the first step added; formula: 4 x elements for weights (level 3: the stepped shard's, what it keeps between steps) and gradients, AdamW 8 x stepped elements, 8-bit AdamW 2 x stepped + a float per 256-block + its lookup tables"
   echo
   echo "| optimizer | level | rank | weights MiB | formula | gradients MiB | formula | state MiB | formula | peak resident MiB |"
   echo "|---|---|---|---|---|---|---|---|---|---|"
-  python3 - "$raw" <<'PY'
-import re, sys
-pat = re.compile(r"^(\S+) (\d) memory rank (\d+): weights ([\d.]+) MiB \(formula ([\d.]+), ([-+\d.]+%)\), gradients ([\d.]+) MiB "
-                 r"\(formula ([\d.]+), ([-+\d.]+%)\), optimizer state ([\d.]+) MiB \(formula ([\d.]+), ([-+\d.]+%)\), peak resident ([\d.]+) MiB")
-for line in open(sys.argv[1]):
-    m = pat.match(line)
-    if m:
-        g = m.groups()
-        print(f"| {g[0]} | {g[1]} | {g[2]} | {g[3]} | {g[4]} ({g[5]}) | {g[6]} | {g[7]} ({g[8]}) | {g[9]} | {g[10]} ({g[11]}) | {g[12]} |")
-PY
-  echo
-  echo "## Raw"
-  echo
-  echo '```'
-  cat "$raw"
-  echo '```'
-} > "$out"
-append_earlier "$out"
-echo "wrote $out"
+  memory_rows "$raw"
+} >> "$out"
+results_end "$out" "$raw"

@@ -100,12 +100,5 @@ for i in range(len(t["0"])):
 med = [statistics.median(a / b for a, b in zip(t[k], t["0"])) for k in ks]
 print("| median |" + " |" * (len(ks) + 1) + " " + " | ".join(f"{m:.3f}" for m in med) + " |")
 PY
-  echo
-  echo "## Raw"
-  echo
-  echo '```'
-  cat "$raw"
-  echo '```'
 } > "$out"
-append_earlier "$out"
-echo "wrote $out"
+results_end "$out" "$raw"

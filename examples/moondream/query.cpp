@@ -5,7 +5,9 @@
 //   moondream_query --weights runs/demo/model --image photo.png --question "What color is the shape?"
 //   moondream_query --config md2 --weights model.safetensors --tokenizer tokenizer.json --image cat.jpg -q "What is this?"
 //   moondream_query --weights runs/demo/model --generated 1      (the questions that fit held-out picture 1)
+//   moondream_query --weights base.safetensors --adapters runs/lora/model/adapters --image photo.png -q "..."
 #include "data.hpp"
+#include "lora.hpp"  // moondream::load_adapters
 #include "model.hpp"
 #include "shapes.hpp"
 #include "tokenizer.hpp"
@@ -31,12 +33,13 @@ std::vector<std::string> fitting_questions(const moondream::Sample& s)
 
 int main(int argc, char** argv)
 {
-  std::string config = "tiny", weights, tokenizer = MOONDREAM_TOKENIZER_DIR, image;
+  std::string config = "tiny", weights, adapters, tokenizer = MOONDREAM_TOKENIZER_DIR, image;
   std::vector<std::string> questions;
   int max_tokens = 64, generated = -1;
   CLI::App app{"moondream_query: answer questions about an image"};
   app.add_option("--config", config, "tiny | tiny-reference | medium | md05 | md2 | path.json")->capture_default_str();
   app.add_option("--weights", weights, "safetensors file or directory of shards (e.g. <save>/model of moondream_train)")->required();
+  app.add_option("--adapters", adapters, "LoRA adapters on top of --weights (the base): <save>/model/adapters of a moondream_train --lora run");
   app.add_option("--tokenizer", tokenizer)->capture_default_str();
   auto* img = app.add_option("--image", image, "PNG/JPEG/... file");
   app.add_option("--generated", generated, "instead of --image: held-out picture N of the generated set (seed 1, as moondream_train)");
@@ -50,6 +53,7 @@ int main(int argc, char** argv)
     tok.check_fits(c.text.vocab_size);
     moondream::Moondream m(c);
     moondream::assign(moondream::read_weights(weights, c), m->named_weights());
+    if (!adapters.empty()) moondream::load_adapters(*m, adapters);
     m->eval();
     at::Tensor pixels;
     if (generated >= 0) {

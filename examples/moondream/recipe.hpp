@@ -29,6 +29,9 @@
 namespace moondream
 {
 
+/// --lora-targets' default: every linear of the text decoder's blocks.
+inline constexpr const char* default_lora_targets = R"(text\.blocks\.[0-9]+\.(attn\.(qkv|proj)|mlp\.(fc1|fc2)))";
+
 struct Options
 {
   std::string config = "tiny", weights, tokenizer = MOONDREAM_TOKENIZER_DIR;
@@ -70,10 +73,14 @@ struct Options
   std::string trace;              ///< a Chrome trace of the last step's actions on every rank (pipeline layouts)
   bool plan = false;              ///< print where layouts 2, 2b, 4 and 4b put the pieces and their predicted steps, then stop
   bool profile = false;           ///< every step's times on stderr (every rank)
+  int lora = 0;                   ///< LoRA adapters of this rank instead of training every weight (lora.hpp); 0: off
+  double lora_alpha = 0;          ///< the adapters' scale is alpha / rank; 0: alpha = rank
+  double lora_dropout = 0;
+  std::string lora_targets = default_lora_targets;
 
   int microbatches() const { return MOONDREAM_MICROBATCHES; }
-  bool train_vision() const { return freeze_vision == "off" || (freeze_vision == "auto" && weights.empty()); }
-  double peak_lr() const { return lr > 0 ? lr : weights.empty() ? 5e-4 : 3e-6; }
+  bool train_vision() const { return freeze_vision == "off" || (freeze_vision == "auto" && weights.empty() && lora == 0); }
+  double peak_lr() const { return lr > 0 ? lr : weights.empty() ? 5e-4 : lora > 0 ? 1e-4 : 3e-6; }
 };
 
 /// A file as the ranks compare it: its path, size and modification time ("-" when there is none).
@@ -101,7 +108,8 @@ inline mpx::RunSettings run_settings(const Options& o)
           {"lr", fmt::format("{}", o.lr)}, {"vision-lr-scale", fmt::format("{}", o.vision_lr_scale)}, {"warmup", fmt::format("{}", o.warmup)},
           {"weight-decay", fmt::format("{}", o.weight_decay)}, {"clip", fmt::format("{}", o.clip)}, {"optimizer", o.optimizer},
           {"precision", o.precision}, {"checkpoint", fmt::format("{} {}", o.checkpoint, o.checkpoint_blocks)},
-          {"freeze-vision", o.freeze_vision}, {"resume", o.resume}, {"shard", std::to_string(o.shard)}};
+          {"freeze-vision", o.freeze_vision}, {"resume", o.resume}, {"shard", std::to_string(o.shard)},
+          {"lora", fmt::format("rank {} alpha {} dropout {} targets {}", o.lora, o.lora_alpha, o.lora_dropout, o.lora_targets)}};
 }
 
 /// The training and held-out sets.

@@ -8,6 +8,7 @@
 //   moondream_train --tp 2 --vision-tp 2             # vision split over 2 ranks | text over 2: 4 ranks
 //   moondream_train --layout 2x2 --shard 2           # 2 replicas x 2 stages, each replica holding half the optimizer state and gradients
 //   moondream_train --layout 2x2 --shard 3           # ... and half the weights between steps (ZeRO-3)
+//   moondream_train --tp 2 --lora 16                 # LoRA adapters of rank 16 on the text decoder's linears, the base frozen
 //   moondream_train --layout 4b --freeze-vision on   # 4 devices, partitioned where the config's costs say
 //   moondream_train --config md2 --freeze-vision on --plan   # where each layout puts the work, predicted
 //   moondream_train --config md2 --weights model.safetensors --tokenizer tokenizer.json --data docci.jsonl
@@ -15,6 +16,7 @@
 // See docs/04_moondream.md for the layouts, the recipe and the real md2 weights.
 #include "costs.hpp"  // moondream::is_balanced, slots_of
 #include "layouts.hpp"
+#include "lora.hpp"  // moondream::check_lora
 #include "train.hpp"
 
 #include <CLI/CLI.hpp>
@@ -54,6 +56,12 @@ int main(int argc, char** argv)
   app.add_option("--clip", o.clip, "global gradient-norm clipping; 0: off")->capture_default_str();
   app.add_option("--optimizer", o.optimizer, "adamw8bit (the recipe) | adamw | sgd (momentum 0.9: parity checks)")
       ->check(CLI::IsMember({"adamw8bit", "adamw", "sgd"}))->capture_default_str();
+  app.add_option("--lora", o.lora, "train LoRA adapters of this rank (the base frozen) instead of every weight; 0: off")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--lora-alpha", o.lora_alpha, "the adapters' term is scaled by alpha / rank; default: alpha = rank (unscaled)");
+  app.add_option("--lora-dropout", o.lora_dropout, "dropout on the adapters' input")->check(CLI::Range(0.0, 0.99))->capture_default_str();
+  app.add_option("--lora-targets", o.lora_targets, "regular expression over the linears' global names (e.g. 'text\\.blocks\\.[0-9]+\\.mlp\\.fc[12]')")
+      ->capture_default_str();
   app.add_option("--precision", o.precision, "fp32 | bf16 (autocast, fp32 master weights)")->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   app.add_flag("--checkpoint", o.checkpoint, "activation checkpointing of every stage");
   app.add_flag("--checkpoint-blocks", o.checkpoint_blocks, "activation checkpointing of every block (vision and text)");
@@ -92,6 +100,7 @@ int main(int argc, char** argv)
 
   try {
     if (o.plan) return moondream::print_plans(o);
+    moondream::check_lora(o, moondream::load_config(o.config));
     if (moondream::is_balanced(o.layout) && (o.tp > 1 || o.vision_tp > 1))
       throw mpx::config_error("moondream_train: layout " + o.layout + " is balanced over whole devices; tensor parallelism (--tp, --vision-tp) " +
                               "is for layouts 2 and 2x2: use --layout 2 --tp 2, or --tp 1 --vision-tp 1");

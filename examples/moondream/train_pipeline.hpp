@@ -9,6 +9,7 @@
 #include "costs.hpp"       // moondream::Plan, plan_of, workload_of
 #include "memory_report.hpp"  // moondream::MemoryReport
 #include "evaluation.hpp"  // moondream::evaluate, describe
+#include "lora.hpp"        // moondream::apply_lora, export_weights
 #include "metrics.hpp"     // moondream::Progress, write_plot
 #include "recipe.hpp"      // moondream::Options, make_data, initialise, step_indices, ...
 
@@ -109,16 +110,19 @@ int train_pipeline(const Options& o)
           if (!o.train_vision()) p.requires_grad_(false);
           vision_params.insert(p.unsafeGetTensorImpl());
         }
+      apply_lora(o, *vt);
       return vt;
     } else if constexpr (I == 0) {
       Vision v(c);
       initialise(o, c, *v, *data.train, tok);
       if (!o.train_vision())
         for (auto& p : v->parameters()) p.requires_grad_(false);
+      apply_lora(o, *v);
       return v;
     } else {
       Text t(c, plan.text_range(I).first, plan.text_range(I).second);
       initialise(o, c, *t, *data.train, tok);  // a text stage under --tp: this rank's shards of layout 1's weights
+      apply_lora(o, *t);                       // --lora: adapters drawn whole by global name, cut as their linears
       return t;
     }
   };
@@ -135,6 +139,7 @@ int train_pipeline(const Options& o)
   to.sharding = o.shard;  // each replica steps 1/2 of every trained stage (a sharded stage's make_optimizer gets its pieces); 3: keeps 1/2 of its weights
   to.checkpoint_blocks = o.checkpoint_blocks;
   to.checkpoints.checksums = o.checkpoint_checksums == "on";
+  to.checkpoints.trainable_only = o.lora > 0;  // the adapters and their state; the base is rebuilt as it started
   to.trace = !o.trace.empty();
   if (o.checkpoint && o.checkpoint_blocks)
     throw mpx::config_error("moondream_train: --checkpoint (whole stages) and --checkpoint-blocks exclude each other; keep one");
@@ -157,13 +162,17 @@ int train_pipeline(const Options& o)
   const std::string scratch = save.empty() ? (std::filesystem::temp_directory_path() / ("moondream_eval_" + std::to_string(env.master_port))).string() : save;
   // each stage of replica 0 writes its weights whole under global names (a tensor-parallel stage's ranks
   // gather their shards; its first rank writes them)
+  // (--lora: the merged weights, and the adapters alone under adapters/)
   auto export_stage = [&](const std::string& dir, int i, auto& module) {
-    const auto whole = whole_weights(module);
-    if (module.tp_group->rank == 0) write_weights(dir + "/stage" + std::to_string(i) + ".safetensors", whole);
+    std::map<std::string, at::Tensor> adapters;
+    const auto whole = export_weights(o, whole_weights(module), adapters);
+    if (module.tp_group->rank != 0) return;
+    write_weights(dir + "/stage" + std::to_string(i) + ".safetensors", whole);
+    if (!adapters.empty()) write_weights(dir + "/adapters/stage" + std::to_string(i) + ".safetensors", adapters, at::kFloat, false, adapter_metadata(o));
   };
   auto export_model = [&](const std::string& dir) {
     trainer.gather_parameters();  // --shard 3: every replica's part, so that replica 0 holds the whole weights
-    if (lead) std::filesystem::create_directories(dir);
+    if (lead) std::filesystem::create_directories(dir + (o.lora > 0 ? "/adapters" : ""));
     store_barrier(world, "mkdir/" + dir, wo.timeout);
     if (world.replica == 0)
       [&]<std::size_t... I>(std::index_sequence<I...>) {

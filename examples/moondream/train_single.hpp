@@ -5,6 +5,7 @@
 /// (layout 1), the parity reference of every pipeline layout (tests/train_checks.sh).
 
 #include "evaluation.hpp"  // moondream::evaluate, describe
+#include "lora.hpp"        // moondream::lora_options, export_weights
 #include "metrics.hpp"     // moondream::Progress
 #include "recipe.hpp"      // moondream::Options, make_data, initialise, step_indices, ...
 
@@ -38,6 +39,9 @@ inline int train_single(const Options& o)
   const long total = resolve_steps(o, data, o.emulate_replicas);
   Moondream m(c);
   initialise_weights(o, c, m->named_weights(), *data.train, tok);
+  if (!o.train_vision())
+    for (auto& p : m->vision->parameters()) p.requires_grad_(false);
+  if (o.lora > 0) mpx::lora::apply(*m, lora_options(o), m->named_weights());  // (its names are the global ones)
   std::vector<at::Tensor> trainable;
   for (auto& [n, p] : m->named_weights()) {
     if (n.rfind("vision.", 0) == 0 && !o.train_vision()) p.requires_grad_(false);
@@ -47,7 +51,8 @@ inline int train_single(const Options& o)
   std::vector<at::Tensor> vis, txt;
   for (auto& [n, p] : m->vision->named_weights())
     if (p.requires_grad()) vis.push_back(p);
-  for (auto& [n, p] : m->text->named_weights()) txt.push_back(p);
+  for (auto& [n, p] : m->text->named_weights())
+    if (p.requires_grad()) txt.push_back(p);
   std::vector<std::unique_ptr<torch::optim::Optimizer>> opts;
   if (!vis.empty()) opts.push_back(make_optimizer(o, vis));
   opts.push_back(make_optimizer(o, txt));
@@ -63,6 +68,7 @@ inline int train_single(const Options& o)
                                     {m->text->named_weights(), opts.back().get()}};
   mpx::CheckpointOptions co;
   co.checksums = o.checkpoint_checksums == "on";
+  co.trainable_only = o.lora > 0;  // the adapters and their state (the pipeline's choice too)
   long start = 0;
   if (const std::string from = resume_from(o, mpx::Env{}); !from.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -125,9 +131,11 @@ inline int train_single(const Options& o)
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < total) checkpoint(step + 1);
   }
   checkpoint(total);
-  if (!o.save.empty()) {
-    std::filesystem::create_directories(o.save + "/model");
-    write_weights(o.save + "/model/model.safetensors", m->named_weights());
+  if (!o.save.empty()) {  // (--lora: the merged weights, and the adapters alone under adapters/)
+    std::map<std::string, at::Tensor> adapters;
+    std::filesystem::create_directories(o.save + (o.lora > 0 ? "/model/adapters" : "/model"));
+    write_weights(o.save + "/model/model.safetensors", export_weights(o, m->named_weights(), adapters));
+    if (!adapters.empty()) write_weights(o.save + "/model/adapters/model.safetensors", adapters, at::kFloat, false, adapter_metadata(o));
   }
   if (data.eval && o.eval_samples > 0) std::cout << "held-out accuracy after training: " << describe(evaluate(m, *data.eval, tok, o.eval_samples)) << "\n";
   return 0;

@@ -5,6 +5,7 @@
 
 #include <mpx/core.hpp>          // the compile-time layer
 #include <mpx/io/safetensors.hpp>   // mpx::load_safetensors, mpx::save_safetensors
+#include <mpx/lora/adapters.hpp>   // mpx::lora::apply, fold, merged
 #include <mpx/optim/adamw8bit.hpp>  // mpx::AdamW8bitOptimizer
 #include <mpx/optim/fused_adamw.hpp>  // mpx::FusedAdamW
 #include <mpx/runtime.hpp>       // mpx::make_world, mpx::Trainer, mpx::launch

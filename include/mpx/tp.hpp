@@ -6,6 +6,7 @@
 /// (tp/cut.hpp), the building blocks a model is written with (tp/layers.hpp), their gradients after a
 /// backward (tp/gradients.hpp) and dropout that knows its region (tp/dropout.hpp).
 
+#include <mpx/tp/adapter.hpp>    // mpx::tp::Adapter, column_delta, row_delta, fold
 #include <mpx/tp/cut.hpp>        // mpx::tp::Cut, CutModule, shard, join, unshard, cut_parameters
 #include <mpx/tp/dropout.hpp>    // mpx::tp::dropout, Region, seed_sharded_regions
 #include <mpx/tp/gradients.hpp>  // mpx::tp::NormTerm, norm_terms, sum_shared_gradients, sum_replicated_gradients

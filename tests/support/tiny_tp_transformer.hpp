@@ -11,6 +11,7 @@
 
 #include "tiny_transformer.hpp"  // tiny::Config, tiny::Batch, tiny::make_batch
 
+#include <mpx/lora/adapters.hpp>  // mpx::lora::apply
 #include <mpx/tp.hpp>  // mpx::tp::ColumnLinear, RowLinear, VocabEmbedding, cross_entropy
 
 namespace tiny_tp
@@ -100,6 +101,26 @@ struct ModelImpl : torch::nn::Module
   tp::ColumnLinear head{nullptr};
 };
 TORCH_MODULE(Model);
+
+/// LoRA adapters (rank 4, alpha 8) on every linear of `m`, the base frozen; each B then drawn nonzero, whole
+/// and cut as the adapter cuts it (seeded by name: the same at every degree), so that A's gradient is not
+/// zero at the first step and both factors train from it.
+inline void add_adapters(ModelImpl& m)
+{
+  mpx::lora::Options o;
+  o.rank = 4, o.alpha = 8, o.seed = 11;
+  mpx::lora::apply(m, o);
+  torch::NoGradGuard ng;
+  const auto cuts = tp::cut_parameters(m);
+  for (auto& p : m.named_parameters()) {
+    if (!p.key().ends_with("lora_b")) continue;
+    const tp::Cut* c = tp::cut_of(cuts, p.key());
+    auto g = at::make_generator<at::CPUGeneratorImpl>(std::hash<std::string>{}(p.key()));
+    const auto sizes = c ? tp::whole_sizes(p.value(), *c, *tp::current()) : p.value().sizes().vec();
+    const auto whole = torch::randn(sizes, g) * 0.05;
+    p.value().copy_(c ? tp::shard(whole, *c, *tp::current()) : whole);
+  }
+}
 
 /// The same, sequence-parallel.
 struct SeqModelImpl : ModelImpl

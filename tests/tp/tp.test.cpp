@@ -27,12 +27,16 @@ struct Run
   std::vector<at::Tensor> params;
 };
 
-/// The reference: the same model, data and optimizer in one process.
-Run reference()
+/// The reference: the same model, data and optimizer in one process (with LoRA adapters: `lora`).
+Run reference(bool lora = false)
 {
   torch::manual_seed(100);
   tiny_tp::Model model(config, 0, config.layers);
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));  // (tp.test.cpp: why not AdamW)
+  if (lora) tiny_tp::add_adapters(*model);
+  std::vector<at::Tensor> trainable;
+  for (auto& p : model->parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  torch::optim::SGD opt(trainable, torch::optim::SGDOptions(0.1).momentum(0.9));  // (tp.test.cpp: why not AdamW)
   Run run;
   for (long step = 0; step < steps; ++step) {
     auto b = tiny::make_batch(config, rows, step, 0, 1);
@@ -40,7 +44,7 @@ Run reference()
     auto loss = tiny_tp::loss(model(b.tokens), b);
     loss.backward();
     double sq = 0;
-    for (auto& p : model->parameters()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+    for (auto& p : trainable) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
     opt.step();
     run.losses.push_back(loss.item<double>());
     run.norms.push_back(std::sqrt(sq));
@@ -56,7 +60,7 @@ double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 
 
 void check_training(int n, const std::string& mode)
 {
-  const auto ref = reference();
+  const auto ref = reference(mode.starts_with("lora"));
   const std::string dir = "/tmp/mpx-tp-" + mode + "-" + std::to_string(n) + "-" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   auto res = test::spawn(n, {MPX_TP_RANK_EXE, mode, dir}, std::chrono::seconds(180));
@@ -129,6 +133,15 @@ TEST_CASE("With sequence parallelism, TP = 2 and TP = 4 train like one process",
 {
   check_training(2, "train-sp");
   check_training(4, "train-sp");
+}
+
+TEST_CASE("LoRA adapters on every linear train under TP = 2 and 4, with and without sequence parallelism, like one process", "[tp][parity][lora]")
+{
+  // column-parallel linears: A whole, B's rows cut (per fused q, k, v part); row-parallel: A's columns cut,
+  // B whole; the base frozen, so only the adapters move (checked: every parameter, adapters and base)
+  check_training(2, "lora");
+  check_training(4, "lora");
+  check_training(2, "lora-sp");
 }
 
 TEST_CASE("Dropout draws per rank in a split region and alike on every rank outside one, and a recompute repeats it", "[tp][dropout]")

@@ -4,6 +4,8 @@
 //   mpx.tests.tp_rank train|train-sp <out>   the tiny TP transformer, 5 AdamW steps; rank 0 prints
 //                                            "loss <step> <value>" and "norm <step> <value>" and saves every
 //                                            parameter, made whole again, to <out>/params.pt
+//   mpx.tests.tp_rank lora|lora-sp <out>    the same with LoRA adapters on every linear (base frozen,
+//                                            B drawn nonzero so that A trains from the first step)
 //   mpx.tests.tp_rank dropout <out-dir>      sharded-region masks differ across ranks, replicated ones agree,
 //                                            a checkpointed recompute repeats them; "dropout ok"
 #include "support/tiny_tp_transformer.hpp"
@@ -166,15 +168,28 @@ int ops(const tp::GroupPtr& g)
     if (std::abs(sq.item<double>() - want_sq) > 1e-5 * want_sq) std::cerr << "squared norm " << sq.item<double>() << ", want " << want_sq << "\n";
     expect(std::abs(sq.item<double>() - want_sq) <= 1e-5 * want_sq, "the squared gradient norm of a shared split (each piece once)");
   }
+  {  // 16-bit floats (bf16 autocast on CPU ranks): Gloo has no such type, they travel as float
+    auto x = (torch::arange(6.0) + r).to(at::kBFloat16);
+    tp::all_reduce(*g, x, "a bf16 all-reduce");
+    auto want = torch::zeros({6});
+    for (int q = 0; q < n; ++q) want += torch::arange(6.0) + q;
+    expect(x.scalar_type() == at::kBFloat16 && close(x.to(at::kFloat), want.to(at::kBFloat16).to(at::kFloat)), "a bf16 all-reduce");
+    auto parts = tp::all_gather(*g, (torch::ones({2}) * r).to(at::kHalf), "a half all-gather");
+    expect(parts.size() == std::size_t(n) && parts.back().scalar_type() == at::kHalf && parts.back()[0].item<double>() == n - 1, "a half all-gather");
+  }
   if (r == 0 && failures == 0) std::printf("ops ok\n");
   return failures == 0 ? 0 : 1;
 }
 
-int train(const tp::GroupPtr& g, bool sp, const std::string& out)
+int train(const tp::GroupPtr& g, bool sp, bool lora, const std::string& out)
 {
   torch::manual_seed(100);
   tiny_tp::Model model(config, 0, config.layers, sp);
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));  // (tp.test.cpp: why not AdamW)
+  if (lora) tiny_tp::add_adapters(*model);
+  std::vector<at::Tensor> trainable;
+  for (auto& p : model->parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  torch::optim::SGD opt(trainable, torch::optim::SGDOptions(0.1).momentum(0.9));  // (tp.test.cpp: why not AdamW)
   for (long step = 0; step < steps; ++step) {
     auto b = tiny::make_batch(config, rows, step, 0, 1);
     opt.zero_grad();
@@ -243,7 +258,7 @@ int dropout(const tp::GroupPtr& g)
 int main(int argc, char** argv)
 {
   if (argc < 3) {
-    std::cerr << "usage: " << argv[0] << " ops|train|train-sp|dropout <out-dir>\n";
+    std::cerr << "usage: " << argv[0] << " ops|train|train-sp|lora|lora-sp|dropout <out-dir>\n";
     return 2;
   }
   try {
@@ -253,7 +268,8 @@ int main(int argc, char** argv)
     const std::string mode = argv[1];
     if (mode == "ops") return ops(g);
     if (mode == "dropout") return dropout(g);
-    if (mode == "train" || mode == "train-sp") return train(g, mode == "train-sp", argv[2]);
+    if (mode == "train" || mode == "train-sp") return train(g, mode == "train-sp", false, argv[2]);
+    if (mode == "lora" || mode == "lora-sp") return train(g, mode == "lora-sp", true, argv[2]);
     std::cerr << "unknown mode " << mode << "\n";
     return 2;
   } catch (const std::exception& e) {

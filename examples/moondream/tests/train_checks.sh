@@ -14,6 +14,11 @@
 #   tp:       vision | text split over 2 ranks (tensor parallel, 3 ranks) matches one process for 10 steps,
 #             and so do 2 replicas of it (6 ranks); its exported model is whole (moondream_query reads it);
 #             with grouped-query attention, one key/value head shared by the 2 ranks
+#   lora:     LoRA adapters (rank 4) on the text decoder's linears, the base frozen: the 2-stage pipeline with
+#             the text stage tensor-parallel over 2 ranks, and 2 replicas x 2 stages (also at ZeRO-3), match one process for 5
+#             steps; the merged export is base + alpha/r B.A within 1e-6; checkpoints hold the adapters alone
+#             and resume in the same layout (the same losses) and in one process; moondream_query answers with the
+#             base plus the adapters as with the merged model; bad patterns, adapters and mixed loads named
 #   resume:   a run resumed from its step-3 checkpoint repeats the uninterrupted run's losses
 #   resumetp: the same with the text stage tensor-parallel (each rank's shards and 8-bit AdamW state)
 #   restart:  10 seeded faults under --max-restarts end with the uninterrupted run's weights, bit for bit
@@ -118,6 +123,50 @@ reshard() {
   compare "$work/$name.full.jsonl" "$work/$name.resumed.jsonl" 3 "$4" | tail -n 1
 }
 
+# merge_check BASE MERGED ADAPTERS ALPHA: every adapted weight of MERGED is BASE's + ALPHA/r B.A within 1e-6
+# (relative to the largest entry), every other tensor BASE's exactly
+merge_check() {
+  python3 - "$@" <<'PY'
+import json, struct, sys, os, array
+def load(path):
+    out = {}
+    for f in sorted(os.listdir(path)):
+        if not f.endswith(".safetensors"): continue
+        with open(os.path.join(path, f), "rb") as h:
+            n = struct.unpack("<Q", h.read(8))[0]; head = json.loads(h.read(n)); data = h.read()
+        for k, v in head.items():
+            if k == "__metadata__": continue
+            b, e = v["data_offsets"]; out[k] = (v["shape"], array.array("f", data[b:e]))
+    return out
+base, merged, ad, alpha = load(sys.argv[1]), load(sys.argv[2]), load(sys.argv[3]), float(sys.argv[4])
+assert ad and all(k.endswith((".lora_a", ".lora_b")) for k in ad), sorted(ad)[:4]
+assert base.keys() == merged.keys(), set(base) ^ set(merged)
+adapted, worst = set(), 0.0
+for k in ad:
+    if not k.endswith(".lora_a"): continue
+    p = k[:-len("lora_a")]; (r, n_in), A = ad[k]; (n_out, _), B = ad[p + "lora_b"]; _, W = base[p + "weight"]; _, M = merged[p + "weight"]
+    scale = max(max(map(abs, W)), 1.0)
+    for i in range(n_out):
+        for j in range(n_in):
+            want = W[i * n_in + j] + alpha / r * sum(B[i * r + q] * A[q * n_in + j] for q in range(r))
+            worst = max(worst, abs(M[i * n_in + j] - want) / scale)
+    adapted.add(p + "weight")
+same = all(base[k][1] == merged[k][1] for k in base if k not in adapted)
+print(f"{len(adapted)} adapted weights, worst relative difference from base + alpha/r B.A {worst:.2e}; the {len(base) - len(adapted)} others unchanged: {same}")
+sys.exit(0 if worst <= 1e-6 and same and adapted else 1)
+PY
+}
+# tensor_names FILE...: every tensor name in these safetensors files, one per line
+tensor_names() {
+  python3 - "$@" <<'PY'
+import json, struct, sys
+for f in sys.argv[1:]:
+    with open(f, "rb") as h:
+        n = struct.unpack("<Q", h.read(8))[0]
+        print("\n".join(k for k in json.loads(h.read(n)) if k != "__metadata__"))
+PY
+}
+
 case $check in
   parity2|parity4)
     layout=${check#parity}
@@ -189,6 +238,54 @@ PY
     "$train" "${small[@]}" --layout 2x2 --steps 6 --metrics "$work/dp.jsonl" --trace "$work/trace.json" | grep "bubble"
     compare "$work/single.jsonl" "$work/dp.jsonl"
     python3 -c "import json, sys; t = json.load(open(sys.argv[1])); assert len(t['traceEvents']) > 0; print(len(t['traceEvents']), 'trace events')" "$work/trace.json"
+    ;;
+  lora)
+    lo=(--lora 4 --lora-alpha 8)
+    # SGD: every weight and adapter too; AdamW (the recipe's kind): losses and gradient norms
+    "$train" "${small[@]}" --optimizer sgd --layout 1 "${lo[@]}" --steps 5 --save "$work/single" --metrics "$work/single.jsonl" > /dev/null
+    parity_run single tp --optimizer sgd --layout 2 --tp 2 "${lo[@]}" --steps 5 | grep "worst"
+    weights "$work/single/model/adapters" "$work/tp/model/adapters" 1e-5
+    grep -q "text tensor-parallel over 2 ranks), 3 ranks" "$work/tp.log"
+    "$train" "${small[@]}" --layout 1 "${lo[@]}" --steps 5 --metrics "$work/single_adamw.jsonl" > /dev/null
+    "$train" "${small[@]}" --layout 2 --tp 2 "${lo[@]}" --steps 5 --metrics "$work/tp_adamw.jsonl" > /dev/null
+    compare "$work/single_adamw.jsonl" "$work/tp_adamw.jsonl" | tail -n 1
+    "$train" "${small[@]}" --layout 1 --emulate-replicas 2 "${lo[@]}" --steps 5 --metrics "$work/single_dp.jsonl" > /dev/null
+    "$train" "${small[@]}" --layout 2x2 "${lo[@]}" --steps 5 --metrics "$work/dp.jsonl" > /dev/null
+    compare "$work/single_dp.jsonl" "$work/dp.jsonl" | tail -n 1
+    # under NCCL's rules (moondream.train.lora_nccl_rules) the parity above is what the messages change
+    if [ "${MPX_NCCL_RULES:-0}" = 1 ]; then exit 0; fi
+    "$train" "${small[@]}" --layout 2x2 --shard 3 "${lo[@]}" --steps 5 --metrics "$work/zero3.jsonl" > /dev/null  # the adapters sharded
+    compare "$work/single_dp.jsonl" "$work/zero3.jsonl" | tail -n 1
+    # with activation checkpointing of every block and bf16 autocast: the same, to bf16's precision
+    "$train" "${small[@]}" --layout 1 "${lo[@]}" --steps 5 --checkpoint-blocks --precision bf16 --metrics "$work/single_bf16.jsonl" > /dev/null
+    "$train" "${small[@]}" --layout 2 --tp 2 "${lo[@]}" --steps 5 --checkpoint-blocks --precision bf16 --metrics "$work/tp_bf16.jsonl" > /dev/null
+    compare "$work/single_bf16.jsonl" "$work/tp_bf16.jsonl" 0 "${LORA_BF16_TOL:-1e-2}" | tail -n 1
+    # the merged export against the base (the same initialisation, no step) and the adapters
+    "$train" "${small[@]}" --layout 1 "${lo[@]}" --steps 0 --save "$work/base" > /dev/null
+    merge_check "$work/base/model" "$work/single/model" "$work/single/model/adapters" 8
+    merge_check "$work/base/model" "$work/tp/model" "$work/tp/model/adapters" 8
+    # moondream_query: the base plus the adapters answers as the merged model does
+    "$query" --weights "$work/single/model" --generated 0 > "$work/merged.txt"
+    "$query" --weights "$work/base/model" --adapters "$work/single/model/adapters" --generated 0 > "$work/adapted.txt"
+    grep -q "^A:" "$work/merged.txt" && diff "$work/merged.txt" "$work/adapted.txt" && echo "base + adapters answers as the merged model"
+    # checkpoints hold the adapters alone (and their optimizer state) ...
+    # shellcheck disable=SC2046
+    names=$(tensor_names $(ls "$work"/tp/checkpoint/step-00000005/stage*.safetensors | grep -v optimizer))
+    if grep -v -E '\.lora_[ab]$' <<<"$names" | grep -q .; then echo "a LoRA checkpoint holds more than the adapters"; exit 1; fi
+    grep -q "text.blocks.0.mlp.fc1.lora_a" <<<"$names"
+    echo "the checkpoint holds $(grep -c . <<<"$names") tensors, all adapters'"
+    # ... and resume: the same layout (identical losses), and one process
+    tag=lora_ reshard "--layout 2 --tp 2 ${lo[*]}" "--layout 2 --tp 2 ${lo[*]}" adamw 0
+    tag=lora_ reshard "--layout 2 --tp 2 ${lo[*]}" "--layout 1 ${lo[*]}" adamw 1e-5
+    # bad input: a pattern that names nothing, a plain linear, a frozen encoder; a checkpoint of the other kind
+    expect_error() { local text=$1; shift; if out=$("$@" 2>&1); then echo "did not fail: $*"; exit 1; fi; grep -qF -- "$text" <<<"$out" || { echo "expected '$text' in: $out"; exit 1; }; echo "ok: $text"; }
+    expect_error "names no linear of config tiny" "$train" "${small[@]}" --layout 2 --lora 4 --lora-targets 'text\.nothing' --steps 1
+    expect_error "vision.patch_emb, a plain linear" "$train" "${small[@]}" --layout 1 --lora 4 --lora-targets 'vision\..*' --steps 1
+    expect_error "but the vision encoder is frozen" "$train" "${small[@]}" --layout 1 --lora 4 --lora-targets 'vision\.blocks\.0\.mlp\.fc1' --steps 1
+    expect_error "holds only the parameters that trained" "$train" "${small[@]}" --layout 2 --tp 2 --steps 6 --resume "$work/tp"
+    expect_error "no adapters (.safetensors) at" "$query" --weights "$work/base/model" --adapters "$work/nothing" --generated 0
+    "$train" "${small[@]}" --layout 1 --steps 1 --save "$work/full" > /dev/null
+    expect_error "holds every parameter" "$train" "${small[@]}" --layout 1 "${lo[@]}" --steps 2 --resume "$work/full"
     ;;
   shard)
     # ZeRO over 2 replicas x 2 stages (each replica steps half of every trained stage's parameters and keeps

@@ -130,7 +130,8 @@ MPX_DECL TrainerCore::TrainerCore(World& world, TrainOptions options, StageSetBa
     if (!stages_.holds(s)) continue;
     held_.push_back(stages_.parameters(s)), counted_.push_back(stages_.norm_parameters(s)), shard_counted_.emplace_back();
     if (scattered(s))  // its replicas hold averages of their owned parts only: counted from those
-      for (auto& t : std::exchange(counted_.back(), {})) shard_counted_.back().push_back(t.param);
+      for (auto& t : std::exchange(counted_.back(), {}))  // (a frozen parameter, a LoRA stage's base, is not sharded)
+        if (t.param.requires_grad()) shard_counted_.back().push_back(t.param);
   }
 }
 

@@ -77,9 +77,13 @@ void collective(const Group& g, const char* what, Op&& op)
     op()->wait(g.timeout);
   } catch (const std::exception& e) {
     throw peer_error("mpx: " + g.name + " (this rank is its member " + std::to_string(g.rank) + " of " + std::to_string(g.size) + "), " +
-                     what + ": a peer did not take part within " + std::to_string(g.timeout.count()) + " ms (" + e.what() + ")");
+                     what + ": the collective failed, or a peer did not take part within " + std::to_string(g.timeout.count()) + " ms (" +
+                     e.what() + ")");
   }
 }
+
+/// Gloo (CPU tensors) carries no 16-bit floating type in LibTorch 1.13: such a tensor travels as float.
+inline bool travels_as_float(const at::Tensor& t) { return !t.is_cuda() && (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf); }
 }  // namespace detail
 
 /// Sums `t` over the group, in place (contiguous CPU or device tensor).
@@ -125,6 +129,12 @@ MPX_DECL Traffic& traffic()
 MPX_DECL void all_reduce(const Group& g, at::Tensor& t, const char* what)
 {
   if (g.size == 1) return;
+  if (detail::travels_as_float(t)) {  // (bf16 autocast on CPU ranks)
+    auto f = t.to(at::kFloat);
+    all_reduce(g, f, what);
+    t.copy_(f);
+    return;
+  }
   std::vector<at::Tensor> v{t};
   detail::collective(g, what, [&] { return g.pg->allreduce(v); });
   ++traffic().all_reduce_calls;
@@ -134,6 +144,12 @@ MPX_DECL void all_reduce(const Group& g, at::Tensor& t, const char* what)
 MPX_DECL void all_reduce_max(const Group& g, at::Tensor& t, const char* what)
 {
   if (g.size == 1) return;
+  if (detail::travels_as_float(t)) {
+    auto f = t.to(at::kFloat);
+    all_reduce_max(g, f, what);
+    t.copy_(f);
+    return;
+  }
   std::vector<at::Tensor> v{t};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::MAX;
@@ -145,6 +161,11 @@ MPX_DECL void all_reduce_max(const Group& g, at::Tensor& t, const char* what)
 MPX_DECL std::vector<at::Tensor> all_gather(const Group& g, const at::Tensor& t, const char* what)
 {
   if (g.size == 1) return {t};
+  if (detail::travels_as_float(t)) {
+    auto out = all_gather(g, t.to(at::kFloat), what);
+    for (auto& o : out) o = o.to(t.scalar_type());
+    return out;
+  }
   std::vector<at::Tensor> in{t.contiguous()};
   std::vector<std::vector<at::Tensor>> out(1);
   for (int r = 0; r < g.size; ++r) out[0].push_back(torch::empty_like(in[0]));

@@ -17,10 +17,13 @@
 /// A cut parameter is this rank's shard of the whole tensor the plain module draws with the same seed (the
 /// whole module is drawn, then cut), so TP = N starts from TP = 1's weights. Each block is a `CutModule`
 /// (cut.hpp): it lists its cuts, which the runtime uses to count gradient norms once per shard
-/// (gradients.hpp), and which `unshard`/`shard` use to move weights between degrees by name.
+/// (gradients.hpp), and which `unshard`/`shard` use to move weights between degrees by name. Both linears
+/// take a low-rank adapter (`adapt`; adapter.hpp cuts its A and B to match the weight; lora/adapters.hpp
+/// adds adapters to a model's linears).
 
 #include <mpx/errors.hpp>    // mpx::config_error
 #include <mpx/linkage.hpp>   // MPX_DECL, MPX_DEFINITIONS
+#include <mpx/tp/adapter.hpp>  // mpx::tp::Adapter, column_delta, row_delta
 #include <mpx/tp/cut.hpp>    // mpx::tp::Cut, CutModule, shard
 #include <mpx/tp/group.hpp>  // mpx::tp::Group, current, shard_size
 #include <mpx/tp/ops.hpp>    // mpx::tp::copy_to, reduce_from, gather_from, ...
@@ -34,6 +37,15 @@
 
 namespace mpx::tp
 {
+
+/// Throws unless `a` (r × in) and `b` (out × r) fit a linear of `in` → `out` features without an adapter.
+inline void check_adaptable(const char* what, const Adapter& present, const at::Tensor& a, const at::Tensor& b, int64_t in, int64_t out)
+{
+  if (present.defined()) throw config_error(std::string("mpx::tp::") + what + "::adapt: the linear has an adapter already; fold it or build the model again");
+  if (a.dim() != 2 || b.dim() != 2 || a.size(0) < 1 || a.size(1) != in || b.size(0) != out || b.size(1) != a.size(0))
+    throw config_error(std::string("mpx::tp::") + what + "::adapt: A must be (r, " + std::to_string(in) + ") and B (" + std::to_string(out) +
+                       ", r), r >= 1; got A " + c10::str(a.sizes()) + ", B " + c10::str(b.sizes()));
+}
 
 struct ColumnLinearOptions
 {
@@ -87,19 +99,31 @@ struct ColumnLinearImpl : torch::nn::Module, CutModule
   {
     auto y = options.sequence_parallel() ? gathered_linear(x, weight, bias, 1, group_)  // keeps the shard, not the gathered input
                                          : torch::nn::functional::linear(copy_to(x, group_), weight, bias);
+    if (lora.defined()) y = y + column_delta(lora, x, sequence_parallel(), is_training(), group_);
     return options.gather_output() ? gather_from(y, -1, group_) : y;
+  }
+  /// Adds a low-rank adapter from the whole `a` (r × in) and `b` (out × r): A kept whole, B's rows cut as
+  /// the weight's (adapter.hpp).
+  void adapt(const at::Tensor& a, const at::Tensor& b, double scale, double dropout)
+  {
+    check_adaptable("ColumnLinear", lora, a, b, options.in_features(), options.out_features());
+    lora.a = register_parameter("lora_a", a.detach().clone());
+    lora.b = register_parameter("lora_b", shard(b.detach(), {"lora_b", 0, cut_.parts, cut_.shares}, *group_));
+    lora.scale = scale, lora.dropout = dropout;
   }
   bool sequence_parallel() const override { return options.sequence_parallel() && group_->size > 1; }
   std::vector<Cut> cuts() const override
   {
     std::vector<Cut> s{cut_};
     if (options.bias()) s.push_back({"bias", 0, cut_.parts, cut_.shares});
+    if (lora.defined()) s.push_back({"lora_b", 0, cut_.parts, cut_.shares});
     return s;
   }
   const GroupPtr& group() const override { return group_; }
 
   ColumnLinearOptions options;
   torch::Tensor weight, bias;
+  Adapter lora;  ///< none unless adapted
 
  private:
   GroupPtr group_;
@@ -132,14 +156,29 @@ struct RowLinearImpl : torch::nn::Module, CutModule
     const auto in = options.input_is_sharded() ? x : scatter_to(x, -1, group_);
     auto partial = torch::nn::functional::linear(in, weight);
     auto y = options.sequence_parallel() ? reduce_scatter_sequence(partial, 1, group_) : reduce_from(partial, group_);
+    if (lora.defined()) y = y + row_delta(lora, in, options.sequence_parallel(), is_training(), group_);
     return bias.defined() ? y + bias : y;
   }
-  std::vector<Cut> cuts() const override { return {{"weight", 1, {}}}; }
+  /// Adds a low-rank adapter from the whole `a` (r × in) and `b` (out × r): A's columns cut as the
+  /// weight's, B kept whole (adapter.hpp).
+  void adapt(const at::Tensor& a, const at::Tensor& b, double scale, double dropout)
+  {
+    check_adaptable("RowLinear", lora, a, b, options.in_features(), options.out_features());
+    lora.a = register_parameter("lora_a", shard(a.detach(), {"lora_a", 1, {}}, *group_));
+    lora.b = register_parameter("lora_b", b.detach().clone());
+    lora.scale = scale, lora.dropout = dropout;
+  }
+  std::vector<Cut> cuts() const override
+  {
+    if (lora.defined()) return {{"weight", 1, {}}, {"lora_a", 1, {}}};
+    return {{"weight", 1, {}}};
+  }
   bool sequence_parallel() const override { return options.sequence_parallel() && group_->size > 1; }
   const GroupPtr& group() const override { return group_; }
 
   RowLinearOptions options;
   torch::Tensor weight, bias;
+  Adapter lora;  ///< none unless adapted
 
  private:
   GroupPtr group_;

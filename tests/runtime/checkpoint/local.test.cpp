@@ -55,3 +55,47 @@ TEST_CASE("A one-process model's checkpoint loads back by name", "[rooms][local]
   }
   fs::remove_all(base);
 }
+
+TEST_CASE("A trainable-only checkpoint holds the trained tensors alone, and loads only as one", "[rooms][local][lora]")
+{
+  const std::string base = test::scratch_dir("mpx-state-trainable"), root = base + "/ckpt";
+  // a frozen base and one trained tensor (a LoRA adapter's place), with its optimizer
+  auto part = [](int seed) {
+    torch::manual_seed(seed);
+    std::map<std::string, at::Tensor> t{{"base.weight", torch::randn({4, 6})}, {"base.lora_b", torch::randn({4, 2}).requires_grad_(true)}};
+    return t;
+  };
+  auto a = part(1);
+  torch::optim::AdamW opt(std::vector<at::Tensor>{a.at("base.lora_b")}, torch::optim::AdamWOptions(1e-2));
+  a.at("base.lora_b").sum().backward();
+  opt.step();
+  mpx::CheckpointOptions only;
+  only.trainable_only = true;
+  mpx::save_local_checkpoint(root, {{a, &opt}}, {3, 1, 0, 0}, only);
+  const auto dir = root + "/step-00000003";
+  const auto file = mpx::load_safetensors(dir + "/stage0.safetensors");
+  CHECK(file.tensors.size() == 1);
+  CHECK(file.tensors.count("base.lora_b") == 1);
+  CHECK(mpx::load_safetensors(dir + "/stage0.optimizer.safetensors").tensors.count("base.lora_b/exp_avg") == 1);
+  CHECK(nlohmann::json::parse(std::ifstream(dir + "/manifest.json")).at("trainable_only") == true);
+
+  // loads as trainable-only: the trained tensor and its moments; the base is the program's (left as it is)
+  auto b = part(2);
+  const auto frozen = b.at("base.weight").clone();
+  torch::optim::AdamW opt_b(std::vector<at::Tensor>{b.at("base.lora_b")}, torch::optim::AdamWOptions(1e-2));
+  CHECK(mpx::load_local_checkpoint(root, {{b, &opt_b}}, {}, only).step == 3);
+  CHECK(torch::equal(b.at("base.lora_b"), a.at("base.lora_b")));
+  CHECK(torch::equal(b.at("base.weight"), frozen));
+  auto trained = [](std::map<std::string, at::Tensor>& t) { return std::map<std::string, at::Tensor>{{"base.lora_b", t.at("base.lora_b")}}; };
+  CHECK(torch::equal(mpx::named_optimizer_state(opt_b, trained(b))->at("base.lora_b/exp_avg"),
+                     mpx::named_optimizer_state(opt, trained(a))->at("base.lora_b/exp_avg")));
+  // either kind loaded as the other stops, naming the option; nothing is changed
+  auto c = part(4);
+  const auto before = c.at("base.lora_b").clone();
+  CHECK_THROWS_WITH(mpx::load_local_checkpoint(root, {{c, nullptr}}), Contains("load it with CheckpointOptions::trainable_only"));
+  CHECK(torch::equal(c.at("base.lora_b"), before));
+  const std::string whole = base + "/whole";
+  mpx::save_local_checkpoint(whole, {{a, &opt}}, {3, 1, 0, 0});
+  CHECK_THROWS_WITH(mpx::load_local_checkpoint(whole, {{c, nullptr}}, {}, only), Contains("holds every parameter; load it without"));
+  fs::remove_all(base);
+}

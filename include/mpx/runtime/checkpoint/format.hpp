@@ -29,6 +29,7 @@
 #include <map>         // std::map
 #include <optional>    // std::optional
 #include <string>      // std::string
+#include <vector>      // std::vector
 
 namespace mpx
 {
@@ -39,6 +40,11 @@ struct CheckpointOptions
   int keep = 2;             ///< complete checkpoints kept (the newest; older ones are pruned after a save)
   bool checksums = true;    ///< xxHash (XXH3-64) of every file in the manifest, verified on load; off: sizes only
   bool allow_cast = false;  ///< load a tensor saved in another dtype, converted (else an error names both dtypes)
+  /// Only the parameters that train (require a gradient) and their optimizer state, no frozen parameter
+  /// nor buffer: a LoRA run's adapters (lora/adapters.hpp), a small file. The frozen rest is the program's
+  /// to rebuild as it started (from its base weights) before it loads; the manifest records the choice,
+  /// and a load with the other one stops, naming it.
+  bool trainable_only = false;
 };
 
 /// The trainer's own state besides modules and optimizers.
@@ -89,6 +95,10 @@ MPX_DECL std::optional<StageFileName> parse_stage_file(const std::string& name, 
 
 /// The trainable ones of a stage's named tensors (what its optimizer steps).
 MPX_DECL std::map<std::string, at::Tensor> trainable_of(const std::map<std::string, at::Tensor>& tensors);
+
+/// What of `stages` a checkpoint under `co` holds: all of them, or with `trainable_only` their trainable
+/// tensors (and those tensors' cuts).
+MPX_DECL std::vector<CheckpointStage> kept_by(const CheckpointOptions& co, std::vector<CheckpointStage> stages);
 
 /// fsync of a file or a directory (what makes a rename durable).
 MPX_DECL void sync_path(const std::string& path);
@@ -151,6 +161,16 @@ MPX_DECL std::map<std::string, at::Tensor> trainable_of(const std::map<std::stri
   for (auto& [k, t] : tensors)
     if (t.requires_grad()) out[k] = t;
   return out;
+}
+
+MPX_DECL std::vector<CheckpointStage> kept_by(const CheckpointOptions& co, std::vector<CheckpointStage> stages)
+{
+  if (!co.trainable_only) return stages;
+  for (auto& s : stages) {
+    s.tensors = trainable_of(s.tensors);
+    for (auto it = s.cuts.begin(); it != s.cuts.end();) it = s.tensors.count(it->first) ? std::next(it) : s.cuts.erase(it);
+  }
+  return stages;
 }
 
 MPX_DECL void sync_path(const std::string& path)

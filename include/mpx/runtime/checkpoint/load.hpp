@@ -213,7 +213,12 @@ MPX_DECL TrainingState load_checkpoint(World& w, const std::string& path, const 
   std::optional<Manifest> m;
   try {
     m = read_manifest(locate_checkpoint(path));
-    current = load_rank_state(w, *m, stages, fingerprint, current, co, taken, saved);
+    if (m->trainable_only != co.trainable_only)
+      throw config_error("mpx: the checkpoint " + m->dir +
+                         (m->trainable_only ? " holds only the parameters that trained (e.g. LoRA adapters); load it with CheckpointOptions::trainable_only, "
+                                              "into the model rebuilt from the weights it started from (and its adapters added)"
+                                            : " holds every parameter; load it without CheckpointOptions::trainable_only"));
+    current = load_rank_state(w, *m, kept_by(co, stages), fingerprint, current, co, taken, saved);
   } catch (const config_error& e) {
     error = e.what();
   } catch (const std::exception& e) {  // a tensor op on what the files hold (shards that do not join): every rank hears it

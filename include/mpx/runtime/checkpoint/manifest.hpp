@@ -54,6 +54,7 @@ struct Manifest
   long step = 0;
   int world_size = 0;
   bool checksums = true;
+  bool trainable_only = false;  ///< it holds only the trainable tensors (CheckpointOptions::trainable_only)
   std::map<std::string, FileSum> files;
 };
 
@@ -206,6 +207,7 @@ MPX_DECL Manifest read_manifest(const std::string& dir)
     m.step = j.at("step").get<long>();
     m.world_size = j.at("world_size").get<int>();
     m.checksums = j.at("checksum").get<std::string>() != "none";
+    m.trainable_only = j.value("trainable_only", false);
     for (auto& [name, e] : j.at("files").items()) m.files[name] = from_json(e);
   } catch (const config_error&) {
     throw;

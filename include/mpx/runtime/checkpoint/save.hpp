@@ -135,7 +135,7 @@ MPX_DECL void write_manifest(World& w, const SaveDirs& d, const std::string& key
   files["trainer.json"] = sum_file(d.partial + "/trainer.json", co.checksums);
   nlohmann::json m = {{"format", checkpoint_format}, {"step", t.step}, {"fingerprint", fingerprint},
                       {"stages", num_stages},         {"world_size", w.env.world_size}, {"replicas", w.replicas},
-                      {"checksum", co.checksums ? "xxh3-64" : "none"}, {"files", nlohmann::json::object()}};
+                      {"checksum", co.checksums ? "xxh3-64" : "none"}, {"trainable_only", co.trainable_only}, {"files", nlohmann::json::object()}};
   for (auto& [file, sum] : files) m["files"][file] = to_json(sum);
   write_durably(d.partial + "/manifest.json", m.dump(1) + "\n");  // last: the directory is complete
 }
@@ -176,7 +176,7 @@ MPX_DECL void save_checkpoint(World& w, const std::string& root, const std::vect
   }
   done(SavePhase::directory);
   barrier(w, "save: directory");
-  publish_sums(w, key, write_rank_files(w, d.partial, stages, t.step, co.checksums));
+  publish_sums(w, key, write_rank_files(w, d.partial, kept_by(co, stages), t.step, co.checksums));
   done(SavePhase::files);
   barrier(w, "save: files");
   if (lead) {
