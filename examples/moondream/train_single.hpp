@@ -39,8 +39,6 @@ inline int train_single(const Options& o)
   const long total = resolve_steps(o, data, o.emulate_replicas);
   Moondream m(c);
   initialise_weights(o, c, m->named_weights(), *data.train, tok);
-  if (!o.train_vision())
-    for (auto& p : m->vision->parameters()) p.requires_grad_(false);
   if (o.lora > 0) mpx::lora::apply(*m, lora_options(o), m->named_weights());  // (its names are the global ones)
   std::vector<at::Tensor> trainable;
   for (auto& [n, p] : m->named_weights()) {
