@@ -78,8 +78,10 @@ for c in "${configs[@]}"; do
   done
 done
 read -r config batch <<< "${configs[0]}"
-text_run "$config" "$batch" mpx-ckpt --loop mpx --checkpoint-blocks
-text_run "$config" "$batch" mpx-8bit --loop mpx --optimizer adamw8bit
+if [ $dry = 0 ]; then  # (the dry run checks the flags together, once)
+  text_run "$config" "$batch" mpx-ckpt --loop mpx --checkpoint-blocks
+  text_run "$config" "$batch" mpx-8bit --loop mpx --optimizer adamw8bit
+fi
 text_run "$config" "$batch" mpx-8bit-ckpt --loop mpx --optimizer adamw8bit --checkpoint-blocks
 
 # ---- 2. small work on the host's cores

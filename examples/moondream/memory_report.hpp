@@ -54,11 +54,12 @@ class MemoryReport
     if (after_first_ < 0) after_first_ = in_use();
   }
 
-  /// One line: each figure, then the formula's. `weights`, `trainable` and `stepped` count elements (fp32)
-  /// of this rank's stages: all, those that train, those its optimizers step (its ZeRO shards');
+  /// One line: each figure, then the formula's. `weight_bytes`: this rank's stages' weights (4 bytes per fp32
+  /// element; a base held packed, --base-precision, its codes and scales); `trainable` and `stepped` count
+  /// elements (fp32): those that train, those its optimizers step (its ZeRO shards');
   /// `eight_bit`: AdamW8bit's state (2 bytes per element and a float per 256-block; the quantizers'
   /// lookup tables once per process), else fp32 AdamW's 8 bytes.
-  std::string line(int rank, std::int64_t weights, std::int64_t trainable, std::int64_t stepped, bool eight_bit) const
+  std::string line(int rank, std::int64_t weight_bytes, std::int64_t trainable, std::int64_t stepped, bool eight_bit) const
   {
     const double mib = 1024.0 * 1024.0;
     std::vector<std::int64_t> g = grads_;
@@ -70,7 +71,7 @@ class MemoryReport
     auto pct = [](std::int64_t a, std::int64_t b) { return b > 0 ? 100.0 * double(a - b) / double(b) : 0.0; };
     return fmt::format("memory rank {}: weights {:.2f} MiB (formula {:.2f}, {:+.1f}%), gradients {:.2f} MiB (formula {:.2f}, {:+.1f}%), "
                        "optimizer state {:.2f} MiB (formula {:.2f}, {:+.1f}%), peak resident {:.1f} MiB\n",
-                       rank, double(built_ - before_build_) / mib, double(4 * weights) / mib, pct(built_ - before_build_, 4 * weights),
+                       rank, double(built_ - before_build_) / mib, double(weight_bytes) / mib, pct(built_ - before_build_, weight_bytes),
                        double(grads) / mib, double(4 * trainable) / mib, pct(grads, 4 * trainable), double(after_first_ - built_) / mib,
                        double(state_formula) / mib, pct(after_first_ - built_, state_formula), double(ru.ru_maxrss) / 1024.0);
   }
@@ -87,15 +88,18 @@ template <class P, class Trainer>
 std::string report_memory(Trainer& t, const MemoryReport& mem, int rank, bool eight_bit, bool weights_sharded = false)
 {
   t.gather_parameters();
-  std::int64_t weights = 0, trainable = 0, stepped = 0;
+  std::int64_t weight_bytes = 0, trainable = 0, stepped = 0;
   auto count = [&](int s, const torch::nn::Module& m) {
-    for (const auto& p : m.parameters()) weights += p.numel(), trainable += p.requires_grad() ? p.numel() : 0;
+    for (const auto& p : m.parameters()) weight_bytes += p.numel() * std::int64_t(p.element_size()), trainable += p.requires_grad() ? p.numel() : 0;
+    for (const auto& b : m.named_buffers())  // a packed base's codes and scales (tp/quantized.hpp)
+      if (b.key().find("weight_codes") != std::string::npos || b.key().find("weight_scale") != std::string::npos)
+        weight_bytes += b.value().numel() * std::int64_t(b.value().element_size());
     stepped += t.stepped_elements(s);
   };
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     ((t.holds(int(I)) ? (count(int(I), *t.template module<int(I)>()), 0) : 0), ...);
   }(std::make_index_sequence<P::num_stages>{});
-  return mem.line(rank, weights_sharded ? weights - trainable + stepped : weights, trainable, stepped, eight_bit);
+  return mem.line(rank, weights_sharded ? weight_bytes - 4 * (trainable - stepped) : weight_bytes, trainable, stepped, eight_bit);
 }
 
 }  // namespace moondream

@@ -6,8 +6,10 @@
 //   moondream_query --config md2 --weights model.safetensors --tokenizer tokenizer.json --image cat.jpg -q "What is this?"
 //   moondream_query --weights runs/demo/model --generated 1      (the questions that fit held-out picture 1)
 //   moondream_query --weights base.safetensors --adapters runs/lora/model/adapters --image photo.png -q "..."
+//   moondream_query --weights runs/qat/model/quantized --generated 1     (the int4 export of a --qat run, kept packed)
 #include "data.hpp"
 #include "lora.hpp"  // moondream::load_adapters
+#include "quantize.hpp"  // moondream::load_weights
 #include "model.hpp"
 #include "shapes.hpp"
 #include "tokenizer.hpp"
@@ -38,7 +40,7 @@ int main(int argc, char** argv)
   int max_tokens = 64, generated = -1;
   CLI::App app{"moondream_query: answer questions about an image"};
   app.add_option("--config", config, "tiny | tiny-reference | medium | md05 | md2 | path.json")->capture_default_str();
-  app.add_option("--weights", weights, "safetensors file or directory of shards (e.g. <save>/model of moondream_train)")->required();
+  app.add_option("--weights", weights, "safetensors file or directory of shards (e.g. <save>/model of moondream_train, or <save>/model/quantized of a --qat run)")->required();
   app.add_option("--adapters", adapters, "LoRA adapters on top of --weights (the base): <save>/model/adapters of a moondream_train --lora run");
   app.add_option("--tokenizer", tokenizer)->capture_default_str();
   auto* img = app.add_option("--image", image, "PNG/JPEG/... file");
@@ -52,7 +54,7 @@ int main(int argc, char** argv)
     const auto tok = moondream::Tokenizer::load(tokenizer);
     tok.check_fits(c.text.vocab_size);
     moondream::Moondream m(c);
-    moondream::assign(moondream::read_weights(weights, c), m->named_weights());
+    std::cerr << moondream::load_weights(weights, c, *m) << "\n";  // plain, or a quantized export (model/quantized of a --qat run)
     if (!adapters.empty()) moondream::load_adapters(*m, adapters);
     m->eval();
     at::Tensor pixels;

@@ -77,6 +77,8 @@ struct Options
   double lora_alpha = 0;          ///< the adapters' scale is alpha / rank; 0: alpha = rank
   double lora_dropout = 0;
   std::string lora_targets = default_lora_targets;
+  std::string base_precision = "fp32";  ///< --lora: the frozen base's linears held as fp32 | bf16 | int8 | nf4 (quantize.hpp)
+  std::string qat;                      ///< quantization-aware training of every trained linear: int4[/gN] | int8; empty: off
 
   int microbatches() const { return MOONDREAM_MICROBATCHES; }
   bool train_vision() const { return freeze_vision == "off" || (freeze_vision == "auto" && weights.empty() && lora == 0); }
@@ -109,7 +111,8 @@ inline mpx::RunSettings run_settings(const Options& o)
           {"weight-decay", fmt::format("{}", o.weight_decay)}, {"clip", fmt::format("{}", o.clip)}, {"optimizer", o.optimizer},
           {"precision", o.precision}, {"checkpoint", fmt::format("{} {}", o.checkpoint, o.checkpoint_blocks)},
           {"freeze-vision", o.freeze_vision}, {"resume", o.resume}, {"shard", std::to_string(o.shard)},
-          {"lora", fmt::format("rank {} alpha {} dropout {} targets {}", o.lora, o.lora_alpha, o.lora_dropout, o.lora_targets)}};
+          {"lora", fmt::format("rank {} alpha {} dropout {} targets {}", o.lora, o.lora_alpha, o.lora_dropout, o.lora_targets)},
+          {"base-precision", o.base_precision}, {"qat", o.qat}};
 }
 
 /// The training and held-out sets.

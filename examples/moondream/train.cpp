@@ -17,6 +17,7 @@
 #include "costs.hpp"  // moondream::is_balanced, slots_of
 #include "layouts.hpp"
 #include "lora.hpp"  // moondream::check_lora
+#include "quantize.hpp"  // moondream::check_quantization
 #include "train.hpp"
 
 #include <CLI/CLI.hpp>
@@ -62,6 +63,11 @@ int main(int argc, char** argv)
   app.add_option("--lora-dropout", o.lora_dropout, "dropout on the adapters' input")->check(CLI::Range(0.0, 0.99))->capture_default_str();
   app.add_option("--lora-targets", o.lora_targets, "regular expression over the linears' global names (e.g. 'text\\.blocks\\.[0-9]+\\.mlp\\.fc[12]')")
       ->capture_default_str();
+  app.add_option("--base-precision", o.base_precision, "with --lora: the frozen base's linears held as fp32 | bf16 | int8 (per channel) | nf4 "
+                                                     "(QLoRA: 4-bit NormalFloat, blocks of 64, double quantization), dequantized for each use")
+      ->capture_default_str();
+  app.add_option("--qat", o.qat, "quantization-aware training of every trained linear: int4 (groups of 64), int4/g32, int4/g128, int8 (per channel); "
+                                 "the export adds model/quantized/ (packed integers and scales)");
   app.add_option("--precision", o.precision, "fp32 | bf16 (autocast, fp32 master weights)")->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   app.add_flag("--checkpoint", o.checkpoint, "activation checkpointing of every stage");
   app.add_flag("--checkpoint-blocks", o.checkpoint_blocks, "activation checkpointing of every block (vision and text)");
@@ -101,6 +107,7 @@ int main(int argc, char** argv)
   try {
     if (o.plan) return moondream::print_plans(o);
     moondream::check_lora(o, moondream::load_config(o.config));
+    moondream::check_quantization(o);
     if (moondream::is_balanced(o.layout) && (o.tp > 1 || o.vision_tp > 1))
       throw mpx::config_error("moondream_train: layout " + o.layout + " is balanced over whole devices; tensor parallelism (--tp, --vision-tp) " +
                               "is for layouts 2 and 2x2: use --layout 2 --tp 2, or --tp 1 --vision-tp 1");

@@ -10,6 +10,7 @@
 #include "memory_report.hpp"  // moondream::MemoryReport
 #include "evaluation.hpp"  // moondream::evaluate, describe
 #include "lora.hpp"        // moondream::apply_lora, export_weights
+#include "quantize.hpp"    // moondream::apply_quantization, write_quantized, load_weights
 #include "metrics.hpp"     // moondream::Progress, write_plot
 #include "recipe.hpp"      // moondream::Options, make_data, initialise, step_indices, ...
 
@@ -111,6 +112,7 @@ int train_pipeline(const Options& o)
           vision_params.insert(p.unsafeGetTensorImpl());
         }
       apply_lora(o, *vt);
+      apply_quantization(o, *vt);
       return vt;
     } else if constexpr (I == 0) {
       Vision v(c);
@@ -118,11 +120,13 @@ int train_pipeline(const Options& o)
       if (!o.train_vision())
         for (auto& p : v->parameters()) p.requires_grad_(false);
       apply_lora(o, *v);
+      apply_quantization(o, *v);
       return v;
     } else {
       Text t(c, plan.text_range(I).first, plan.text_range(I).second);
       initialise(o, c, *t, *data.train, tok);  // a text stage under --tp: this rank's shards of layout 1's weights
       apply_lora(o, *t);                       // --lora: adapters drawn whole by global name, cut as their linears
+      apply_quantization(o, *t);               // --base-precision: the frozen base packed; --qat: quantization-aware
       return t;
     }
   };
@@ -165,10 +169,12 @@ int train_pipeline(const Options& o)
   // (--lora: the merged weights, and the adapters alone under adapters/)
   auto export_stage = [&](const std::string& dir, int i, auto& module) {
     std::map<std::string, at::Tensor> adapters;
+    mpx::quant::Unpacked unpacked(module);  // --base-precision: the base as the adapters saw it
     const auto whole = export_weights(o, whole_weights(module), adapters);
     if (module.tp_group->rank != 0) return;
     write_weights(dir + "/stage" + std::to_string(i) + ".safetensors", whole);
     if (!adapters.empty()) write_weights(dir + "/adapters/stage" + std::to_string(i) + ".safetensors", adapters, at::kFloat, false, adapter_metadata(o));
+    if (!o.qat.empty()) write_quantized(o, dir + "/quantized/stage" + std::to_string(i) + ".safetensors", whole, quantization_aware(module));
   };
   auto export_model = [&](const std::string& dir) {
     trainer.gather_parameters();  // --shard 3: every replica's part, so that replica 0 holds the whole weights
@@ -187,7 +193,7 @@ int train_pipeline(const Options& o)
     export_model(dir);
     if (lead) {
       Moondream full(c);
-      assign(read_weights(dir, c), full->named_weights());
+      load_weights(o.qat.empty() ? dir : dir + "/quantized", c, *full);  // --qat: the quantized model
       accuracy.push_back(std::string("held-out accuracy ") + when + ": " + describe(evaluate(full, *data.eval, tok, o.eval_samples)));
       std::cout << accuracy.back() << "\n" << std::flush;
     }

@@ -6,6 +6,7 @@
 
 #include "evaluation.hpp"  // moondream::evaluate, describe
 #include "lora.hpp"        // moondream::lora_options, export_weights
+#include "quantize.hpp"    // moondream::apply_quantization, write_quantized
 #include "metrics.hpp"     // moondream::Progress
 #include "recipe.hpp"      // moondream::Options, make_data, initialise, step_indices, ...
 
@@ -45,6 +46,7 @@ inline int train_single(const Options& o)
     if (n.rfind("vision.", 0) == 0 && !o.train_vision()) p.requires_grad_(false);
     if (p.requires_grad()) trainable.push_back(p);
   }
+  apply_quantization(o, *m);  // --base-precision: the frozen linears packed; --qat: the trained ones quantization-aware
   // one optimizer per stage, as the pipeline has: vision, then text (AdamW's state is per tensor either way)
   std::vector<at::Tensor> vis, txt;
   for (auto& [n, p] : m->vision->named_weights())
@@ -129,11 +131,13 @@ inline int train_single(const Options& o)
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < total) checkpoint(step + 1);
   }
   checkpoint(total);
-  if (!o.save.empty()) {  // (--lora: the merged weights, and the adapters alone under adapters/)
+  if (!o.save.empty()) {  // (--lora: the merged weights, and the adapters alone under adapters/; --qat: model/quantized/)
     std::map<std::string, at::Tensor> adapters;
+    mpx::quant::Unpacked whole(*m);  // --base-precision: the base as the adapters saw it
     std::filesystem::create_directories(o.save + (o.lora > 0 ? "/model/adapters" : "/model"));
     write_weights(o.save + "/model/model.safetensors", export_weights(o, m->named_weights(), adapters));
     if (!adapters.empty()) write_weights(o.save + "/model/adapters/model.safetensors", adapters, at::kFloat, false, adapter_metadata(o));
+    if (!o.qat.empty()) write_quantized(o, o.save + "/model/quantized/model.safetensors", m->named_weights(), quantization_aware(*m));
   }
   if (data.eval && o.eval_samples > 0) std::cout << "held-out accuracy after training: " << describe(evaluate(m, *data.eval, tok, o.eval_samples)) << "\n";
   return 0;

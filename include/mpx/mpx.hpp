@@ -8,6 +8,8 @@
 #include <mpx/lora/adapters.hpp>   // mpx::lora::apply, fold, merged
 #include <mpx/optim/adamw8bit.hpp>  // mpx::AdamW8bitOptimizer
 #include <mpx/optim/fused_adamw.hpp>  // mpx::FusedAdamW
+#include <mpx/quant/export.hpp>  // mpx::quant::pack_weights, read_packed, install_packed
+#include <mpx/quant/model.hpp>  // mpx::quant::quantize_frozen, fake_quantize, Unpacked
 #include <mpx/runtime.hpp>       // mpx::make_world, mpx::Trainer, mpx::launch
 #include <mpx/torch/blas.hpp>    // mpx::check_blas
 #include <mpx/torch/host_memory.hpp>  // mpx::keep_host_memory

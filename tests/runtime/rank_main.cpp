@@ -125,14 +125,15 @@ int toy_cut(int cut)
 }
 
 /// Ends this process as `--die-by` says (scenarios.hpp): _exit(3), SIGKILL, or SIGSTOP with a child that
-/// SIGKILLs it 25 s later (a silent peer: its process alive, its sockets open, nothing sent).
+/// SIGKILLs it 18 s later (a silent peer: its process alive, its sockets open, nothing sent; the survivors' waits
+/// end at 10 s).
 [[noreturn]] void die(const std::string& how)
 {
   if (how == "kill") ::raise(SIGKILL);
   if (how == "stop") {
     const pid_t me = ::getpid();
     if (::fork() == 0) {
-      ::sleep(25);
+      ::sleep(18);
       if (::getppid() == me) ::kill(me, SIGKILL);
       ::_exit(0);
     }

@@ -271,7 +271,7 @@ TEST_CASE("Tensor parallelism of different degrees: stage 0 on 1 rank and stage 
   check_parity("tp2-tp1-zbh1");
 }
 
-TEST_CASE("Tensor parallelism: a run saved at step 2 and resumed from the files by new trainers goes on like one process", "[runtime][parity][tp]")
+TEST_CASE("Tensor parallelism: a run saved at step 2 and resumed from the files by new trainers goes on like one process", "[runtime][parity][tp][resume]")
 {
   std::string out;
   scenario::Knobs resume;
@@ -280,7 +280,7 @@ TEST_CASE("Tensor parallelism: a run saved at step 2 and resumed from the files 
   CHECK(out.find("resumed at step 2") != std::string::npos);
 }
 
-TEST_CASE("4 stages saved at step 2 and resumed by new trainers go on like one process (stages whose parameters share module names)", "[runtime][parity]")
+TEST_CASE("4 stages saved at step 2 and resumed by new trainers go on like one process (stages whose parameters share module names)", "[runtime][parity][resume]")
 {
   // the stages' modules name their parameters within the stage ("blocks.0.fc1.weight" on every stage): each
   // must read its own file, never another stage's tensor of the same name and shape
@@ -376,7 +376,7 @@ TEST_CASE("A replica killed before the all-gather of the sharded parameters ends
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("A sharded run's checkpoint holds the whole optimizer state by name: saved at step 2, it goes on like one process in the same sharding, in another and unsharded, and an unsharded one goes on sharded", "[runtime][parity][zero]")
+TEST_CASE("A sharded run's checkpoint holds the whole optimizer state by name: saved at step 2, it goes on like one process in the same sharding, in another and unsharded, and an unsharded one goes on sharded", "[runtime][parity][zero][resume]")
 {
   const std::string dir = "/tmp/mpx-zero-resume-" + std::to_string(::getpid());
   scenario::Knobs save;  // save at step 2, then go on from the files (new trainers: fresh weights and optimizer state)
@@ -392,7 +392,7 @@ TEST_CASE("A sharded run's checkpoint holds the whole optimizer state by name: s
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("ZeRO-2 at DP 2 -> DP 4: a 2-replica checkpoint goes on at 4 replicas (8 ranks) like one process on the same 24 rows", "[runtime][parity][zero]")
+TEST_CASE("ZeRO-2 at DP 2 -> DP 4: a 2-replica checkpoint goes on at 4 replicas (8 ranks) like one process on the same 24 rows", "[runtime][parity][zero][resume]")
 {
   // one pipeline type at both degrees (its fingerprint is the checkpoint's); 2 replicas of 12 rows and 4 of 6
   // see the same rows in micro-batches of 3, so the 4-replica run's reference is the 2-replica run's too
@@ -538,7 +538,7 @@ TEST_CASE("A killed rank ends the survivors with an error naming rank step actio
 TEST_CASE("A rank killed by SIGKILL or stopped and silent ends the survivors with an error naming step action and peer", "[runtime][errors]")
 {
   // as above, rank 1 SIGKILLed; then SIGSTOPped: its process alive and its sockets open, nothing ever comes
-  // (a hung GPU peer): the survivors' waits end at the 10 s timeout (its own child SIGKILLs it at 25 s: 137)
+  // (a hung GPU peer): the survivors' waits end at the 10 s timeout (its own child SIGKILLs it at 18 s: 137)
   for (const char* how : {"kill", "stop"}) {
     CAPTURE(how);
     check_survivors_name({MPX_RANK_EXE, "kill", "/tmp", "1", "2", std::string("--die-by=") + how}, {}, {"step 2", "peer rank 1", "action"}, {}, 128 + SIGKILL);

@@ -214,7 +214,7 @@ struct Knobs
   long resume_from_step = -1;    ///< --resume-from=STEP,DIR: at that step, new trainers go on from DIR (another run's --resume-at files)
   std::string resume_from;
   /// --die-by=exit|kill|stop: how the rank told to die (kill-rank, kill-step) does it: `_exit(3)`, SIGKILL, or
-  /// SIGSTOP (alive and silent; a child of its SIGKILLs it 25 s later)
+  /// SIGSTOP (alive and silent; a child of its SIGKILLs it 18 s later)
   std::string die_by = "exit";
 
   /// As the rank program takes them.

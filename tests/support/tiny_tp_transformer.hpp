@@ -12,6 +12,7 @@
 #include "tiny_transformer.hpp"  // tiny::Config, tiny::Batch, tiny::make_batch
 
 #include <mpx/lora/adapters.hpp>  // mpx::lora::apply
+#include <mpx/quant/model.hpp>    // mpx::quant::quantize_frozen, fake_quantize
 #include <mpx/tp.hpp>  // mpx::tp::ColumnLinear, RowLinear, VocabEmbedding, cross_entropy
 
 namespace tiny_tp
@@ -120,6 +121,18 @@ inline void add_adapters(ModelImpl& m)
     const auto whole = torch::randn(sizes, g) * 0.05;
     p.value().copy_(c ? tp::shard(whole, *c, *tp::current()) : whole);
   }
+}
+
+/// A test mode's model: "lora…" adapters (add_adapters); "qlora…" adapters on an nf4 base (blocks of 4: a
+/// row-parallel linear's slice at TP = 4 is a whole number of blocks); "qat…" every linear trained
+/// quantization-aware in int8 per channel (row statistics over the group), "qat4…" in int4 groups of 4.
+/// A "-sp" suffix (sequence parallelism) changes nothing here.
+inline void prepare(ModelImpl& m, const std::string& mode)
+{
+  if (mode.starts_with("lora") || mode.starts_with("qlora")) add_adapters(m);
+  if (mode.starts_with("qlora")) mpx::quant::quantize_frozen(m, mpx::quant::parse("nf4/g4"));
+  if (mode.starts_with("qat4")) mpx::quant::fake_quantize(m, mpx::quant::parse("int4/g4"));
+  else if (mode.starts_with("qat")) mpx::quant::fake_quantize(m, mpx::quant::parse("int8"));
 }
 
 /// The same, sequence-parallel.

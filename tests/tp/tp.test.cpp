@@ -28,11 +28,11 @@ struct Run
 };
 
 /// The reference: the same model, data and optimizer in one process (with LoRA adapters: `lora`).
-Run reference(bool lora = false)
+Run reference(const std::string& mode)
 {
   torch::manual_seed(100);
   tiny_tp::Model model(config, 0, config.layers);
-  if (lora) tiny_tp::add_adapters(*model);
+  tiny_tp::prepare(*model, mode);
   std::vector<at::Tensor> trainable;
   for (auto& p : model->parameters())
     if (p.requires_grad()) trainable.push_back(p);
@@ -49,6 +49,7 @@ Run reference(bool lora = false)
     run.losses.push_back(loss.item<double>());
     run.norms.push_back(std::sqrt(sq));
   }
+  mpx::quant::Unpacked unpacked(*model);
   for (auto& p : model->parameters()) run.params.push_back(p.detach().clone());
   return run;
 }
@@ -60,7 +61,7 @@ double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 
 
 void check_training(int n, const std::string& mode)
 {
-  const auto ref = reference(mode.starts_with("lora"));
+  const auto ref = reference(mode.ends_with("-sp") ? mode.substr(0, mode.size() - 3) : mode);
   const std::string dir = "/tmp/mpx-tp-" + mode + "-" + std::to_string(n) + "-" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   auto res = test::spawn(n, {MPX_TP_RANK_EXE, mode, dir}, std::chrono::seconds(180));
@@ -152,4 +153,22 @@ TEST_CASE("Dropout draws per rank in a split region and alike on every rank outs
   const auto a = mpx::tp::dropout(torch::ones({50}), 0.5, true, mpx::tp::Region::sharded);
   torch::manual_seed(3);
   CHECK(torch::equal(a, torch::dropout(torch::ones({50}), 0.5, true)));
+}
+
+TEST_CASE("QLoRA: adapters on an nf4 base train under TP = 2 and 4 (and sequence parallel) like one process, the dequantized base equal", "[tp][parity][quant]")
+{
+  // a row-parallel linear's rank quantizes its slice of each row with the whole row's statistics (an
+  // all-reduce at build), so every degree holds the base one process holds
+  check_training(2, "qlora");
+  check_training(4, "qlora");
+  check_training(2, "qlora-sp");
+}
+
+TEST_CASE("Quantization-aware training (int8 per channel, int4 per group) under TP = 2 and 4 trains like one process", "[tp][parity][quant]")
+{
+  // int8 per channel: a row-parallel linear's row maxima all-reduced in every forward
+  check_training(2, "qat");
+  check_training(4, "qat");
+  check_training(4, "qat4");
+  check_training(2, "qat4-sp");
 }

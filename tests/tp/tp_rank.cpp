@@ -6,6 +6,8 @@
 //                                            parameter, made whole again, to <out>/params.pt
 //   mpx.tests.tp_rank lora|lora-sp <out>    the same with LoRA adapters on every linear (base frozen,
 //                                            B drawn nonzero so that A trains from the first step)
+//   mpx.tests.tp_rank qlora|qlora-sp|qat|qat4|qat4-sp <out>   the same on an nf4 base, or quantization-aware
+//                                            (tiny_tp::prepare); the saved weights are the dequantized ones
 //   mpx.tests.tp_rank dropout <out-dir>      sharded-region masks differ across ranks, replicated ones agree,
 //                                            a checkpointed recompute repeats them; "dropout ok"
 #include "support/tiny_tp_transformer.hpp"
@@ -181,11 +183,12 @@ int ops(const tp::GroupPtr& g)
   return failures == 0 ? 0 : 1;
 }
 
-int train(const tp::GroupPtr& g, bool sp, bool lora, const std::string& out)
+int train(const tp::GroupPtr& g, const std::string& mode, const std::string& out)
 {
   torch::manual_seed(100);
-  tiny_tp::Model model(config, 0, config.layers, sp);
-  if (lora) tiny_tp::add_adapters(*model);
+  tiny_tp::Model model(config, 0, config.layers, mode.ends_with("-sp"));
+  tiny_tp::prepare(*model, mode);
+  const bool sp = mode.ends_with("-sp");
   std::vector<at::Tensor> trainable;
   for (auto& p : model->parameters())
     if (p.requires_grad()) trainable.push_back(p);
@@ -202,6 +205,7 @@ int train(const tp::GroupPtr& g, bool sp, bool lora, const std::string& out)
     if (g->rank == 0) std::printf("loss %ld %.17g\nnorm %ld %.17g\n", step, loss.item<double>(), step, std::sqrt(sq.item<double>()));
   }
   std::vector<at::Tensor> whole;
+  mpx::quant::Unpacked unpacked(*model);  // a quantized base: its dequantized weights, compared too
   const auto splits = tp::cut_parameters(*model);
   for (const auto& p : model->named_parameters()) {
     auto it = std::find_if(splits.begin(), splits.end(), [&](auto& s) { return s.first == p.key(); });
@@ -258,7 +262,7 @@ int dropout(const tp::GroupPtr& g)
 int main(int argc, char** argv)
 {
   if (argc < 3) {
-    std::cerr << "usage: " << argv[0] << " ops|train|train-sp|lora|lora-sp|dropout <out-dir>\n";
+    std::cerr << "usage: " << argv[0] << " ops|train|train-sp|lora|lora-sp|qlora|qlora-sp|qat|qat4|qat4-sp|dropout <out-dir>\n";
     return 2;
   }
   try {
@@ -268,8 +272,8 @@ int main(int argc, char** argv)
     const std::string mode = argv[1];
     if (mode == "ops") return ops(g);
     if (mode == "dropout") return dropout(g);
-    if (mode == "train" || mode == "train-sp") return train(g, mode == "train-sp", false, argv[2]);
-    if (mode == "lora" || mode == "lora-sp") return train(g, mode == "lora-sp", true, argv[2]);
+    for (const char* m : {"train", "train-sp", "lora", "lora-sp", "qlora", "qlora-sp", "qat", "qat4", "qat4-sp"})
+      if (mode == m) return train(g, mode, argv[2]);
     std::cerr << "unknown mode " << mode << "\n";
     return 2;
   } catch (const std::exception& e) {

@@ -25,7 +25,7 @@ LAYERS = [
     ("ground", [r"mpx/(config|linkage|errors)\.hpp"]),
     ("core", [r"mpx/(?!tp\.hpp)[a-z_]+\.hpp"]),  # the compile-time layer (but the umbrellas, below)
     ("torch", [r"mpx/torch/.*"]),
-    ("blocks", [r"mpx/(io|optim|tp|lora)/.*", r"mpx/tp\.hpp"]),
+    ("blocks", [r"mpx/(io|optim|tp|lora|quant)/.*", r"mpx/tp\.hpp"]),
     ("runtime/wire", [r"mpx/runtime/wire/.*"]),
     ("runtime/launch", [r"mpx/runtime/launch/.*"]),
     ("runtime/world", [r"mpx/runtime/world/.*"]),

@@ -178,6 +178,12 @@ MPX_DECL Report apply(torch::nn::Module& m, const Options& o, const std::map<std
 MPX_DECL void fold(torch::nn::Module& m)
 {
   for (const auto& child : m.modules(/*include_self=*/true)) {
+    auto* column = dynamic_cast<tp::ColumnLinearImpl*>(child.get());
+    auto* row = dynamic_cast<tp::RowLinearImpl*>(child.get());
+    if ((column && column->form.base.defined()) || (row && row->form.base.defined()))
+      throw config_error("mpx::lora::fold: a linear's base is held quantized (packed); merge under quant::Unpacked, or merge whole tensors (lora::merged)");
+  }
+  for (const auto& child : m.modules(/*include_self=*/true)) {
     if (auto* c = dynamic_cast<tp::ColumnLinearImpl*>(child.get())) tp::fold(c->weight, c->lora);
     if (auto* r = dynamic_cast<tp::RowLinearImpl*>(child.get())) tp::fold(r->weight, r->lora);
   }

@@ -19,7 +19,8 @@
 /// (cut.hpp): it lists its cuts, which the runtime uses to count gradient norms once per shard
 /// (gradients.hpp), and which `unshard`/`shard` use to move weights between degrees by name. Both linears
 /// take a low-rank adapter (`adapt`; adapter.hpp cuts its A and B to match the weight; lora/adapters.hpp
-/// adds adapters to a model's linears).
+/// adds adapters to a model's linears), and a weight in fewer bits (`quantize_base`: a frozen base held
+/// packed; `fake_quantize`: quantization-aware training; quantized.hpp, quant/model.hpp).
 
 #include <mpx/errors.hpp>    // mpx::config_error
 #include <mpx/linkage.hpp>   // MPX_DECL, MPX_DEFINITIONS
@@ -27,6 +28,7 @@
 #include <mpx/tp/cut.hpp>    // mpx::tp::Cut, CutModule, shard
 #include <mpx/tp/group.hpp>  // mpx::tp::Group, current, shard_size
 #include <mpx/tp/ops.hpp>    // mpx::tp::copy_to, reduce_from, gather_from, ...
+#include <mpx/tp/quantized.hpp>  // mpx::tp::WeightForm, base_linear, used_weight, pack_base
 
 #include <torch/torch.h>  // torch::nn
 
@@ -97,8 +99,10 @@ struct ColumnLinearImpl : torch::nn::Module, CutModule
   }
   torch::Tensor forward(const torch::Tensor& x)
   {
-    auto y = options.sequence_parallel() ? gathered_linear(x, weight, bias, 1, group_)  // keeps the shard, not the gathered input
-                                         : torch::nn::functional::linear(copy_to(x, group_), weight, bias);
+    const bool sp = options.sequence_parallel();
+    auto y = form.base.defined() ? base_linear(sp ? gather_sequence(x, 1, group_) : copy_to(x, group_), form.base, bias)
+             : sp ? gathered_linear(x, used_weight(weight, form, {}), bias, 1, group_)  // keeps the shard, not the gathered input
+                  : torch::nn::functional::linear(copy_to(x, group_), used_weight(weight, form, {}), bias);
     if (lora.defined()) y = y + column_delta(lora, x, sequence_parallel(), is_training(), group_);
     return options.gather_output() ? gather_from(y, -1, group_) : y;
   }
@@ -111,6 +115,9 @@ struct ColumnLinearImpl : torch::nn::Module, CutModule
     lora.b = register_parameter("lora_b", shard(b.detach(), {"lora_b", 0, cut_.parts, cut_.shares}, *group_));
     lora.scale = scale, lora.dropout = dropout;
   }
+  /// Holds the frozen weight packed as `s` (quantized.hpp), or trains it quantization-aware.
+  void quantize_base(const quant::Spec& s) { pack_base(*this, weight, form, s, {}); }
+  void fake_quantize(const quant::Spec& s) { form.trained = checked_trainable(form, weight, s); }
   bool sequence_parallel() const override { return options.sequence_parallel() && group_->size > 1; }
   std::vector<Cut> cuts() const override
   {
@@ -123,7 +130,8 @@ struct ColumnLinearImpl : torch::nn::Module, CutModule
 
   ColumnLinearOptions options;
   torch::Tensor weight, bias;
-  Adapter lora;  ///< none unless adapted
+  Adapter lora;     ///< none unless adapted
+  WeightForm form;  ///< the weight as it is, unless quantized
 
  private:
   GroupPtr group_;
@@ -154,7 +162,7 @@ struct RowLinearImpl : torch::nn::Module, CutModule
   torch::Tensor forward(const torch::Tensor& x)
   {
     const auto in = options.input_is_sharded() ? x : scatter_to(x, -1, group_);
-    auto partial = torch::nn::functional::linear(in, weight);
+    auto partial = form.base.defined() ? base_linear(in, form.base, {}) : torch::nn::functional::linear(in, used_weight(weight, form, rows_over(group_)));
     auto y = options.sequence_parallel() ? reduce_scatter_sequence(partial, 1, group_) : reduce_from(partial, group_);
     if (lora.defined()) y = y + row_delta(lora, in, options.sequence_parallel(), is_training(), group_);
     return bias.defined() ? y + bias : y;
@@ -168,6 +176,9 @@ struct RowLinearImpl : torch::nn::Module, CutModule
     lora.b = register_parameter("lora_b", b.detach().clone());
     lora.scale = scale, lora.dropout = dropout;
   }
+  /// As ColumnLinear's, with the statistics of each whole row from the group.
+  void quantize_base(const quant::Spec& s) { pack_base(*this, weight, form, s, rows_over(group_)); }
+  void fake_quantize(const quant::Spec& s) { form.trained = checked_trainable(form, weight, s); }
   std::vector<Cut> cuts() const override
   {
     if (lora.defined()) return {{"weight", 1, {}}, {"lora_a", 1, {}}};
@@ -178,7 +189,8 @@ struct RowLinearImpl : torch::nn::Module, CutModule
 
   RowLinearOptions options;
   torch::Tensor weight, bias;
-  Adapter lora;  ///< none unless adapted
+  Adapter lora;     ///< none unless adapted
+  WeightForm form;  ///< the weight as it is, unless quantized
 
  private:
   GroupPtr group_;
