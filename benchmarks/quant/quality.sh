@@ -42,7 +42,7 @@ run() {
     tag=${f//\//_}
     run "ptq_${tag}_of_base" before --layout 1 --weights "$work/base/model" "${common[@]}" --qat "$f" --steps 0
     for seed in $seeds; do
-      run "ptq_${tag}_of_fp32_finetune_seed$seed" before --layout 1 --weights "$work/fp32_$seed/model" "${common[@]}" --qat "$f" --steps 0
+      run "ptq_${tag}_of_fp32_finetune_seed$seed" before --layout 1 --weights "$work/fp32_$seed/model" "${common[@]}" --qat "$f" --steps 0 --seed "$seed"
       run "qat_${tag}_seed$seed" after --layout 2 --weights "$work/base/model" "${common[@]}" --qat "$f" --steps "$steps" --seed "$seed" --save "$work/qat_${tag}_$seed"
     done
   done
@@ -55,6 +55,6 @@ source benchmarks/results_file.sh && results_begin "$out" "Quantization-aware tr
   echo "- qat F: the same with --qat F: the held-out accuracy of its packed export (model/quantized, dequantized per use)"
   echo "- ptq F of M: moondream_train --layout 1 --weights M/model --freeze-vision off --qat F --steps 0: the held-out accuracy of M's weights rounded to F (every linear but the patch embedding), no training"
   echo "- formats: int4 = symmetric, a scale per group of 64 of a row; int4/g128 groups of 128; int4/channel a scale per row"
-  echo "- held-out: the same 200 generated questions (seed 1's held-out set) every time"
+  echo "- held-out: 200 generated questions, the set of the run's --seed (the base and its PTQ: seed 1; a seed-S fine-tune, its PTQ and the seed-S QAT: seed S's set)"
 } >> "$out"
 results_end "$out" "$work/raw.txt"
