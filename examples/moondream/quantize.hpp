@@ -86,17 +86,9 @@ inline void write_quantized(const Options& o, const std::string& file, const std
 template <class M>
 std::string load_weights(const std::string& path, const Config& c, M& m)
 {
-  namespace fs = std::filesystem;
-  std::vector<std::string> files;
-  if (fs::is_directory(path)) {
-    for (auto& e : fs::directory_iterator(path))
-      if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
-  } else {
-    files.push_back(path);
-  }
   std::string format;
   std::map<std::string, at::Tensor> tensors;
-  for (const auto& f : files) {
+  for (const auto& f : weight_files(path)) {
     auto st = mpx::load_safetensors(f);
     auto q = st.metadata.find("quantization");
     if (q == st.metadata.end()) continue;

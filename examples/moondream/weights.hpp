@@ -147,20 +147,24 @@ struct Weights
   std::vector<std::string> skipped;    ///< region head, kv caches
 };
 
+/// The .safetensors files at `path`: a directory's, sorted, or `path` itself.
+inline std::vector<std::string> weight_files(const std::string& path)
+{
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(path)) return {path};
+  std::vector<std::string> files;
+  for (auto& e : fs::directory_iterator(path))
+    if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
 /// Reads `path` (a .safetensors file or a directory of them), renames to the new scheme and checks it
 /// against the config: the error lists every missing, unexpected and mis-shaped tensor.
 inline Weights read_weights(const std::string& path, const Config& c)
 {
-  namespace fs = std::filesystem;
-  std::vector<std::string> files;
-  if (fs::is_directory(path)) {
-    for (auto& e : fs::directory_iterator(path))
-      if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
-    std::sort(files.begin(), files.end());
-    if (files.empty()) throw mpx::config_error("moondream: no .safetensors file in " + path + "; pass a weights file or a directory of shards");
-  } else {
-    files.push_back(path);
-  }
+  const auto files = weight_files(path);
+  if (files.empty()) throw mpx::config_error("moondream: no .safetensors file in " + path + "; pass a weights file or a directory of shards");
   std::map<std::string, at::Tensor> raw;
   for (auto& f : files) {
     auto st = mpx::load_safetensors(f);

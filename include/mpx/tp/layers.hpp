@@ -101,8 +101,8 @@ struct ColumnLinearImpl : torch::nn::Module, CutModule
   {
     const bool sp = options.sequence_parallel();
     auto y = form.base.defined() ? base_linear(sp ? gather_sequence(x, 1, group_) : copy_to(x, group_), form.base, bias)
-             : sp ? gathered_linear(x, used_weight(weight, form, {}), bias, 1, group_)  // keeps the shard, not the gathered input
-                  : torch::nn::functional::linear(copy_to(x, group_), used_weight(weight, form, {}), bias);
+             : sp ? gathered_linear(x, used_weight(weight, form), bias, 1, group_)  // keeps the shard, not the gathered input
+                  : torch::nn::functional::linear(copy_to(x, group_), used_weight(weight, form), bias);
     if (lora.defined()) y = y + column_delta(lora, x, sequence_parallel(), is_training(), group_);
     return options.gather_output() ? gather_from(y, -1, group_) : y;
   }
@@ -162,7 +162,7 @@ struct RowLinearImpl : torch::nn::Module, CutModule
   torch::Tensor forward(const torch::Tensor& x)
   {
     const auto in = options.input_is_sharded() ? x : scatter_to(x, -1, group_);
-    auto partial = form.base.defined() ? base_linear(in, form.base, {}) : torch::nn::functional::linear(in, used_weight(weight, form, rows_over(group_)));
+    auto partial = form.base.defined() ? base_linear(in, form.base, {}) : torch::nn::functional::linear(in, used_weight(weight, form, group_));
     auto y = options.sequence_parallel() ? reduce_scatter_sequence(partial, 1, group_) : reduce_from(partial, group_);
     if (lora.defined()) y = y + row_delta(lora, in, options.sequence_parallel(), is_training(), group_);
     return bias.defined() ? y + bias : y;

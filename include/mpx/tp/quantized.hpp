@@ -34,8 +34,8 @@ struct WeightForm
 MPX_DECL quant::Rows rows_over(const GroupPtr& g);
 
 /// The weight for the forward: `weight`, or under quantization-aware training its round trip with a
-/// straight-through gradient.
-MPX_DECL at::Tensor used_weight(const at::Tensor& weight, const WeightForm& f, const quant::Rows& rows);
+/// straight-through gradient (`rows_group`: a row-parallel linear's group, whose ranks hold slices of its rows).
+MPX_DECL at::Tensor used_weight(const at::Tensor& weight, const WeightForm& f, const GroupPtr& rows_group = GroupPtr());
 
 /// x·Wᵀ + bias with W the packed base, dequantized as x's dtype for the product and again in the backward.
 MPX_DECL at::Tensor base_linear(const at::Tensor& x, const quant::Packed& p, const at::Tensor& bias);
@@ -97,10 +97,10 @@ MPX_DECL quant::Rows rows_over(const GroupPtr& g)
           [g](at::Tensor& t) { all_reduce(*g, t, "all-reduce of a quantized weight's row statistics"); }};
 }
 
-MPX_DECL at::Tensor used_weight(const at::Tensor& weight, const WeightForm& f, const quant::Rows& rows)
+MPX_DECL at::Tensor used_weight(const at::Tensor& weight, const WeightForm& f, const GroupPtr& rows_group)
 {
   if (!f.trained.defined()) return weight;
-  return weight + (quant::round_trip(weight, f.trained, rows) - weight).detach();
+  return weight + (quant::round_trip(weight, f.trained, rows_over(rows_group)) - weight).detach();
 }
 
 MPX_DECL at::Tensor base_linear(const at::Tensor& x, const quant::Packed& p, const at::Tensor& bias)
