@@ -15,7 +15,7 @@ namespace
 {
 /// The shortest predicted step over every partition of `layers` into `slots` non-empty ranges (brute force).
 template <class Tag>
-constexpr std::int64_t best_step(std::span<const LayerCost> layers, int slots, int m, int frozen = 0)
+constexpr std::int64_t best_step(std::span<const LayerCost> layers, int slots, int m, int frozen = 0, std::span<const double> speeds = {})
 {
   const int L = int(layers.size());
   std::int64_t best = -1;
@@ -24,7 +24,7 @@ constexpr std::int64_t best_step(std::span<const LayerCost> layers, int slots, i
   // odometer over the interior edges 0 < c[1] < ... < c[slots-1] < L
   for (int k = 1; k < slots; ++k) c[std::size_t(k)] = k;
   while (true) {
-    const std::int64_t t = predict<Tag>(partition_layout(c, slots, m, frozen), stage_costs(layers, c, slots, frozen)).makespan;
+    const std::int64_t t = predict_partition<Tag>(layers, c, slots, m, frozen, speeds).makespan;
     if (best < 0 || t < best) best = t;
     int k = slots - 1;
     while (k >= 1 && c[std::size_t(k)] == L - (slots - k)) --k;
@@ -36,9 +36,10 @@ constexpr std::int64_t best_step(std::span<const LayerCost> layers, int slots, i
 }
 
 template <class Tag>
-constexpr std::int64_t step_of(std::span<const LayerCost> layers, const Partition& c, int slots, int m, int frozen = 0)
+constexpr std::int64_t step_of(std::span<const LayerCost> layers, const Partition& c, int slots, int m, int frozen = 0,
+                               std::span<const double> speeds = {})
 {
-  return predict<Tag>(partition_layout(c, slots, m, frozen), stage_costs(layers, c, slots, frozen)).makespan;
+  return predict_partition<Tag>(layers, c, slots, m, frozen, speeds).makespan;
 }
 
 constexpr std::array<LayerCost, 8> uniform{{{1, 2}, {1, 2}, {1, 2}, {1, 2}, {1, 2}, {1, 2}, {1, 2}, {1, 2}}};
@@ -152,4 +153,54 @@ TEST_CASE("Layers<b, e> ranges computed at compile time from a module's declared
   using Naive = Pipeline<Stage<Toy, CPU<0>, Layers<0, 3>>, Stage<Toy, CPU<1>, Layers<3, 6>>, Stage<Toy, CPU<2>, Layers<6, 9>>,
                          Microbatches<8>>;
   STATIC_REQUIRE(Naive::predicted.makespan > P::predicted.makespan);
+}
+
+TEST_CASE("Devices of different speeds: a slot twice as fast gets twice the work, and the balancer finds the shortest step", "[balance][speeds][static]")
+{
+  static constexpr std::array<LayerCost, 6> six{{{1, 2}, {1, 2}, {1, 2}, {1, 2}, {1, 2}, {1, 2}}};
+  static constexpr std::array<double, 2> fast_first{2.0, 1.0};
+  // slot 0 computes 4 layers in 4 x 3 / 2 = 6 units, slot 1 two layers in 6: the known optimum
+  STATIC_REQUIRE(balance<OneFOneB>(six, 2, 8, 0, fast_first) == Partition{0, 4, 6});
+  STATIC_REQUIRE(balance<OneFOneB>(six, 2, 8) == Partition{0, 3, 6});  // equal speeds: equal halves
+  // equal speeds in any unit change nothing; the prediction is in the fastest slot's time
+  static constexpr std::array<double, 3> equal{7.0, 7.0, 7.0};
+  STATIC_REQUIRE(balance<OneFOneB>(uneven, 3, 8, 0, equal) == balance<OneFOneB>(uneven, 3, 8));
+  STATIC_REQUIRE(at_speeds(stage_costs(uneven, Partition{0, 2, 7, 9}, 3), 3, equal).forward[1] == 11);
+  static constexpr std::array<double, 3> slow_middle{1.0, 0.5, 1.0};
+  STATIC_REQUIRE(at_speeds(stage_costs(uneven, Partition{0, 2, 7, 9}, 3), 3, slow_middle).forward[1] == 22);
+  // against every partition, speeds in every order, three schedules
+  static constexpr std::array<std::array<double, 3>, 4> cases{{{1.0, 0.5, 1.0}, {0.5, 1.0, 1.0}, {1.0, 1.0, 0.25}, {0.8, 0.6, 1.0}}};
+  for (const auto& sp : cases)
+    for (int m : {4, 8}) {
+      CAPTURE(sp[0], sp[1], sp[2], m);
+      const std::span<const double> v(sp.data(), 3);
+      CHECK(step_of<OneFOneB>(uneven, balance<OneFOneB>(uneven, 3, m, 0, v), 3, m, 0, v) == best_step<OneFOneB>(uneven, 3, m, 0, v));
+      CHECK(step_of<GPipe>(uneven, balance<GPipe>(uneven, 3, m, 0, v), 3, m, 0, v) == best_step<GPipe>(uneven, 3, m, 0, v));
+      CHECK(step_of<ZBH1>(uneven, balance<ZBH1>(uneven, 3, m, 0, v), 3, m, 0, v) <= best_step<ZBH1>(uneven, 3, m, 0, v) * 105 / 100);
+      // a frozen encoder in front, the slow slot anywhere
+      CHECK(step_of<OneFOneB>(vlm, balance<OneFOneB>(vlm, 3, m, 4, v), 3, m, 4, v) == best_step<OneFOneB>(vlm, 3, m, 4, v));
+    }
+  // the speed-aware cut beats the equal-speed cut on the devices as they are
+  constexpr std::span<const double> slow(slow_middle.data(), 3);
+  STATIC_REQUIRE(step_of<OneFOneB>(uneven, balance<OneFOneB>(uneven, 3, 8, 0, slow), 3, 8, 0, slow) <
+                 step_of<OneFOneB>(uneven, balance<OneFOneB>(uneven, 3, 8), 3, 8, 0, slow));
+  // speeds that do not suit the slots give no partition (part[slots] == 0), as too many slots do
+  static constexpr std::array<double, 2> two{1.0, 1.0};
+  static constexpr std::array<double, 3> zero{1.0, 0.0, 1.0};
+  STATIC_REQUIRE(balance<OneFOneB>(uneven, 3, 8, 0, two)[3] == 0);
+  STATIC_REQUIRE(balance<OneFOneB>(uneven, 3, 8, 0, zero)[3] == 0);
+  STATIC_REQUIRE(!valid_speeds(zero, 3));
+  STATIC_REQUIRE(valid_speeds({}, 3));
+}
+
+TEST_CASE("Layers<b, e> ranges computed at compile time from declared costs and declared device speeds", "[balance][speeds][static]")
+{
+  static constexpr std::array<double, 3> speeds{1.0, 1.0, 0.5};  // the last slot's device half as fast
+  constexpr Partition part = balance<OneFOneB>(Toy::layer_costs, 3, 8, 0, speeds);
+  using P = Pipeline<Stage<Toy, CPU<0>, Layers<part[0], part[1]>>, Stage<Toy, CPU<1>, Layers<part[1], part[2]>>,
+                     Stage<Toy, CPU<2>, Layers<part[2], part[3]>>, Microbatches<8>>;
+  STATIC_REQUIRE(P::declares_costs);
+  STATIC_REQUIRE(part[3] == 9);
+  STATIC_REQUIRE(part[3] - part[2] == 1);  // the slow slot keeps only the last layer (18 of the 90 units, 36 at its speed)
+  STATIC_REQUIRE(step_of<OneFOneB>(uneven, part, 3, 8, 0, speeds) == best_step<OneFOneB>(uneven, 3, 8, 0, speeds));
 }

@@ -23,6 +23,7 @@
 #include <fmt/format.h>  // fmt::format
 
 #include <algorithm>  // std::max, std::min
+#include <optional>   // std::optional
 #include <string>   // std::string
 #include <utility>  // std::pair
 #include <vector>   // std::vector
@@ -55,8 +56,18 @@ inline Workload workload_of(const std::vector<Batch>& mbs)
   return w;
 }
 
-/// The pieces' costs per micro-batch in FLOPs: [vision block 0, ..., V-1, text layer 0, ..., n-1].
-inline std::vector<mpx::LayerCost> piece_costs(const Config& c, const Workload& w)
+/// How much longer per FLOP the encoder's pieces compute than the decoder's, forward and backward (1: as their
+/// FLOPs say). The FLOP counts leave out what runs at memory speed — normalisations, softmax, GELU over the
+/// encoder's many patches — so on a CPU an encoder block takes longer than its FLOPs give; `--costs measured`
+/// times one of each (speeds.hpp) and scales the encoder's pieces by the ratio.
+struct CostScale
+{
+  double vision_forward = 1, vision_backward = 1;
+};
+
+/// The pieces' costs per micro-batch in FLOPs (the encoder's scaled by `scale`): [vision block 0, ..., V-1, text
+/// layer 0, ..., n-1].
+inline std::vector<mpx::LayerCost> piece_costs(const Config& c, const Workload& w, const CostScale& scale = {})
 {
   const auto& v = c.vision;
   const auto& t = c.text;
@@ -67,9 +78,10 @@ inline std::vector<mpx::LayerCost> piece_costs(const Config& c, const Workload& 
   const double T = c.prefix() + w.tokens, D = t.dim;
   const double layer = w.samples * (2 * T * (D * t.qkv_dim() + D * D + 2 * D * t.ff_dim) + 4 * T * T * D);
   const double head = w.samples * 2 * w.answers * D * t.vocab_size;
-  auto cost = [](double forward) { return mpx::LayerCost{std::int64_t(forward), std::int64_t(2 * forward)}; };
+  auto cost = [](double forward, double fs = 1, double bs = 1) { return mpx::LayerCost{std::int64_t(forward * fs), std::int64_t(2 * forward * bs)}; };
   std::vector<mpx::LayerCost> pieces;
-  for (int i = 0; i < v.enc_n_layers; ++i) pieces.push_back(cost(block + (i == 0 ? patches : 0) + (i + 1 == v.enc_n_layers ? projection : 0)));
+  for (int i = 0; i < v.enc_n_layers; ++i)
+    pieces.push_back(cost(block + (i == 0 ? patches : 0) + (i + 1 == v.enc_n_layers ? projection : 0), scale.vision_forward, scale.vision_backward));
   for (int i = 0; i < t.n_layers; ++i) pieces.push_back(cost(layer + (i + 1 == t.n_layers ? head : 0)));
   return pieces;
 }
@@ -97,7 +109,9 @@ struct Plan
   mpx::Partition part{};          ///< slot k holds pieces [part[k], part[k+1])
   int frozen_slots = 0;     ///< leading slots of frozen encoder blocks only: they run forward only
   mpx::StageCosts load{};   ///< each slot's cost per micro-batch
-  mpx::Proof predicted{};   ///< the schedule's timeline under those costs
+  mpx::Proof predicted{};   ///< the schedule's timeline under those costs, each slot at its speed (in the fastest's time)
+  std::vector<double> speeds;  ///< each slot's relative speed (empty: all equal)
+  CostScale scale;             ///< the encoder's time per FLOP against the decoder's
   Workload workload{};      ///< the micro-batch shape the costs are for
   /// Whether slot 0 holds the whole encoder and nothing else (as layouts 2 and 4 part).
   bool vision_alone() const { return part[1] == vision_blocks; }
@@ -115,22 +129,30 @@ struct Plan
 
 /// The partition of `layout`: layouts 2 and 4 as `moondream_train` always partition them (vision alone, text in equal
 /// ranges), 2b and 4b by `mpx::balance` under the schedule. With the encoder frozen, the leading slots that
-/// hold only its blocks run forward only (unless `forward_only` is false: then they run a backward too).
+/// hold only its blocks run forward only (unless `forward_only` is false: then they run a backward too). `speeds`:
+/// each slot's relative speed (empty: all equal; speeds.hpp) — the balanced layouts cut for them.
 inline Plan plan_of(const std::string& layout, const std::string& schedule, const Config& c, const Workload& w, int microbatches,
-                    bool frozen_vision, bool forward_only = true)
+                    bool frozen_vision, bool forward_only = true, const std::vector<double>& speeds = {},
+                    std::optional<mpx::Partition> cut = {}, const CostScale& scale = {})
 {
-  const auto pieces = piece_costs(c, w);
+  const auto pieces = piece_costs(c, w, scale);
   Plan p;
+  p.scale = scale;
   p.layout = layout;
   p.workload = w;
   p.slots = slots_of(layout);
   p.vision_blocks = c.vision.enc_n_layers;
+  p.speeds = speeds;
+  if (!mpx::valid_speeds(speeds, p.slots))
+    throw mpx::config_error(fmt::format("moondream_train: {} device speeds for layout {} of {} devices; give one positive speed per device",
+                                        speeds.size(), layout, p.slots));
   const int n = c.text.n_layers, V = p.vision_blocks, frozen = frozen_vision ? V : 0;
   if (is_balanced(layout) ? V + n < p.slots : n < p.slots - 1)
     throw mpx::config_error(fmt::format("moondream_train: {} vision blocks and {} text layers are too few for layout {}; choose a smaller layout",
                                         V, n, layout));
   with_schedule(schedule, [&]<class Tag>() {
-    if (is_balanced(layout)) p.part = mpx::balance<Tag>(pieces, p.slots, microbatches, frozen);
+    if (cut) p.part = *cut;
+    else if (is_balanced(layout)) p.part = mpx::balance<Tag>(pieces, p.slots, microbatches, frozen, speeds);
     else {
       p.part[1] = V;
       for (int k = 1; k < p.slots; ++k) p.part[std::size_t(k) + 1] = V + n * k / (p.slots - 1);
@@ -139,7 +161,7 @@ inline Plan plan_of(const std::string& layout, const std::string& schedule, cons
     if (!forward_only) l.forward_only = 0;
     p.frozen_slots = l.forward_only;
     p.load = mpx::stage_costs(pieces, p.part, p.slots, frozen);
-    p.predicted = mpx::predict<Tag>(l, p.load);
+    p.predicted = mpx::predict<Tag>(l, mpx::at_speeds(p.load, p.slots, speeds));
   });
   return p;
 }
@@ -163,8 +185,12 @@ inline std::string describe(const Plan& p)
     s += fmt::format("{} slot {}: {}{} {} {}", k == 0 ? "" : " |", k, what, k < p.frozen_slots ? " (forward only)" : "",
                      amount(p.load.forward[std::size_t(k)] + p.load.backward[std::size_t(k)]), unit);
   }
-  s += fmt::format("; predicted step {} {}-time, bubble {:.1f}% (micro-batches of {:.0f} samples, {:.1f} crops and {:.0f} tokens each)",
-                   amount(p.predicted.makespan), unit, 100 * p.predicted.bubble(), w.samples, w.crops, w.tokens);
+  std::string at;
+  if (p.scale.vision_forward != 1 || p.scale.vision_backward != 1)
+    at += fmt::format("; encoder at {:.2f}x (forward) and {:.2f}x (backward) the decoder's time per FLOP", p.scale.vision_forward, p.scale.vision_backward);
+  for (std::size_t k = 0; k < p.speeds.size(); ++k) at += fmt::format("{}{:.3g}", k == 0 ? "; devices' speeds " : ", ", p.speeds[k]);
+  s += fmt::format("{}; predicted step {} {}-time{}, bubble {:.1f}% (micro-batches of {:.0f} samples, {:.1f} crops and {:.0f} tokens each)", at,
+                   amount(p.predicted.makespan), unit, p.speeds.empty() ? "" : " of the fastest", 100 * p.predicted.bubble(), w.samples, w.crops, w.tokens);
   return s;
 }
 

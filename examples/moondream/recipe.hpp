@@ -79,6 +79,9 @@ struct Options
   std::string lora_targets = default_lora_targets;
   std::string base_precision = "fp32";  ///< --lora: the frozen base's linears held as fp32 | bf16 | int8 | nf4 (quantize.hpp)
   std::string qat;                      ///< quantization-aware training of every trained linear: int4[/gN] | int8; empty: off
+  std::string device_speeds;            ///< each device's relative speed for the plan: "1,0.5", "probe"; empty: equal (speeds.hpp)
+  std::string rebalance = "off";        ///< off | report (name a device slower than planned) | on (and re-plan: 2b, 4b; speeds.hpp)
+  std::string costs = "flops";          ///< the pieces' costs: flops (from the config) | measured (the encoder's time per FLOP timed; speeds.hpp)
 
   int microbatches() const { return MOONDREAM_MICROBATCHES; }
   bool train_vision() const { return freeze_vision == "off" || (freeze_vision == "auto" && weights.empty() && lora == 0); }
@@ -112,7 +115,7 @@ inline mpx::RunSettings run_settings(const Options& o)
           {"precision", o.precision}, {"checkpoint", fmt::format("{} {}", o.checkpoint, o.checkpoint_blocks)},
           {"freeze-vision", o.freeze_vision}, {"resume", o.resume}, {"shard", std::to_string(o.shard)},
           {"lora", fmt::format("rank {} alpha {} dropout {} targets {}", o.lora, o.lora_alpha, o.lora_dropout, o.lora_targets)},
-          {"base-precision", o.base_precision}, {"qat", o.qat}};
+          {"base-precision", o.base_precision}, {"qat", o.qat}, {"device-speeds", o.device_speeds}, {"rebalance", o.rebalance}, {"costs", o.costs}};
 }
 
 /// The training and held-out sets.

@@ -10,6 +10,8 @@
 //   moondream_train --layout 2x2 --shard 3           # ... and half the weights between steps (ZeRO-3)
 //   moondream_train --tp 2 --lora 16                 # LoRA adapters of rank 16 on the text decoder's linears, the base frozen
 //   moondream_train --layout 4b --freeze-vision on   # 4 devices, partitioned where the config's costs say
+//   moondream_train --layout 2b --device-speeds 1,0.5  # the second device half as fast: it gets a smaller share
+//   moondream_train --layout 2b --rebalance on --save run --max-restarts 2   # re-cut when a device falls behind
 //   moondream_train --config md2 --freeze-vision on --plan   # where each layout puts the work, predicted
 //   moondream_train --config md2 --weights model.safetensors --tokenizer tokenizer.json --data docci.jsonl
 //
@@ -18,6 +20,7 @@
 #include "layouts.hpp"
 #include "lora.hpp"  // moondream::check_lora
 #include "quantize.hpp"  // moondream::check_quantization
+#include "speeds.hpp"    // moondream::check_speeds
 #include "train.hpp"
 
 #include <CLI/CLI.hpp>
@@ -36,6 +39,16 @@ int main(int argc, char** argv)
                  "1 (one process, plain LibTorch), 2 (vision | text), 4 (vision | text x 3), 2x2 (2 replicas x 2 stages), "
                  "2b / 4b (2 / 4 devices, balanced: the first holds vision and as many text layers as the config's costs say)")
       ->check(CLI::IsMember({"1", "2", "4", "2x2", "2b", "4b"}))->capture_default_str();
+  app.add_option("--device-speeds", o.device_speeds,
+                 "each device's relative speed, one per pipeline slot (e.g. 1,0.5: the second half as fast), or 'probe' (each rank times "
+                 "matrix products first); layouts 2b and 4b cut the layers for them, every layout predicts with them; default: equal");
+  app.add_option("--rebalance", o.rebalance,
+                 "report: name a device that computes slower than the plan assumed (3 steps in a row); on (2b, 4b, with --save and "
+                 "--max-restarts): also save a checkpoint and start again on a cut for the measured speeds")
+      ->check(CLI::IsMember({"off", "report", "on"}))->capture_default_str();
+  app.add_option("--costs", o.costs, "the pieces' costs for the plan: flops (from the config) | measured (each rank times an encoder block and a "
+                                     "decoder layer on the first micro-batch: the encoder's time per FLOP against the decoder's scales its pieces)")
+      ->check(CLI::IsMember({"flops", "measured"}))->capture_default_str();
   app.add_flag("--plan", o.plan, "print where layouts 2, 2b, 4 and 4b put vision and the text layers, each device's cost and the predicted "
                                  "step and bubble under --schedule (costs from the config and the first batch's shape), then stop");
   app.add_option("--tp", o.tp, "tensor-parallel degree of the text stage (layouts 2 and 2x2): 1 or 2")->check(CLI::IsMember({1, 2}))->capture_default_str();
@@ -108,6 +121,7 @@ int main(int argc, char** argv)
     if (o.plan) return moondream::print_plans(o);
     moondream::check_lora(o, moondream::load_config(o.config));
     moondream::check_quantization(o);
+    moondream::check_speeds(o);
     if (moondream::is_balanced(o.layout) && (o.tp > 1 || o.vision_tp > 1))
       throw mpx::config_error("moondream_train: layout " + o.layout + " is balanced over whole devices; tensor parallelism (--tp, --vision-tp) " +
                               "is for layouts 2 and 2x2: use --layout 2 --tp 2, or --tp 1 --vision-tp 1");

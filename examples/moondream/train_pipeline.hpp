@@ -13,6 +13,7 @@
 #include "quantize.hpp"    // moondream::apply_quantization, write_quantized, load_weights
 #include "metrics.hpp"     // moondream::Progress, write_plot
 #include "recipe.hpp"      // moondream::Options, make_data, initialise, step_indices, ...
+#include "speeds.hpp"      // moondream::Speeds, resolve_speeds, watch_of
 
 #include <mpx/mpx.hpp>
 
@@ -22,6 +23,7 @@
 #include <chrono>      // std::chrono
 #include <filesystem>  // std::filesystem
 #include <iostream>    // std::cout
+#include <optional>    // std::optional
 #include <set>     // std::set
 #include <string>      // std::string
 #include <vector>      // std::vector
@@ -52,21 +54,26 @@ inline void store_barrier(mpx::World& w, const std::string& tag, std::chrono::mi
 
 /// The shape of the first step's micro-batches: the same on every rank (replica 0's samples, whatever the
 /// replicas).
-inline Workload workload_for(const Options& o, const Config& c, const Data& data, const Tokenizer& tok)
+inline std::vector<Batch> first_microbatches(const Options& o, const Config& c, const Data& data, const Tokenizer& tok)
 {
   const auto idx = step_indices(data.train->size(), 0, o.microbatches(), o.microbatch_size, 1, 0, o.seed);
-  return workload_of(make_microbatches(*data.train, idx, tok, c));
+  return make_microbatches(*data.train, idx, tok, c);
 }
-/// The plan of `--layout` (costs.hpp) for that shape.
-inline Plan plan_for(const Options& o, const Config& c, const Workload& w)
+inline Workload workload_for(const Options& o, const Config& c, const Data& data, const Tokenizer& tok)
 {
-  const bool forward_only = o.vision_forward_only == "on" && o.tp == 1 && o.vision_tp == 1;  // the layouts with a Frozen vision type
-  return plan_of(o.layout == "2x2" ? "2" : o.layout, o.schedule, c, w, o.microbatches(), !o.train_vision(), forward_only);
+  return workload_of(first_microbatches(o, c, data, tok));
 }
+/// What a driver settled before choosing the pipeline type (a balanced layout's cut depends on the speeds):
+/// the store it joined to exchange them, and the speeds.
+struct Prepared
+{
+  c10::intrusive_ptr<c10d::Store> store;
+  std::optional<Speeds> speeds;
+};
 
 /// Trains pipeline type P on this rank.
 template <class P>
-int train_pipeline(const Options& o)
+int train_pipeline(const Options& o, const Prepared& pre = {})
 {
   using namespace std::chrono_literals;
   const auto env = mpx::read_env();
@@ -77,13 +84,19 @@ int train_pipeline(const Options& o)
   wo.timeout = std::chrono::milliseconds(long(o.timeout_s) * 1000);
   wo.allow_cpu = true;
   wo.settings = run_settings(o);
+  wo.store = pre.store;
   auto world = mpx::make_world<P>(env, wo);
   const auto tok = Tokenizer::load(o.tokenizer);
   tok.check_fits(c.text.vocab_size);
   Data data = make_data(o, c);
+  std::vector<int> slot_of;
+  for (int r = 0; r < env.world_size; ++r) slot_of.push_back(world.slot_of(r));
+  const Speeds speeds = pre.speeds ? *pre.speeds
+                                   : resolve_speeds(o, env, *world.store, slot_of, P::num_slots, !resume_from(o, env).empty(), c,
+                                                    first_microbatches(o, c, data, tok).front());
   const long total = resolve_steps(o, data, world.replicas);
   constexpr bool balanced = std::is_same_v<typename P::template stage<0>::module, VisionText>;  // every stage a range of pieces
-  const Plan plan = plan_for(o, c, workload_for(o, c, data, tok));
+  const Plan plan = plan_for(o, c, workload_for(o, c, data, tok), speeds);
   if (plan.slots != P::num_stages || plan.frozen_slots != P::forward_only_stages || (!balanced && !plan.vision_alone()))
     throw std::logic_error(fmt::format("moondream_train: layout {}'s plan ({} slots, {} forward only) does not fit pipeline type {}", o.layout,
                                        plan.slots, plan.frozen_slots, mpx::detail::type_name<P>()));
@@ -96,6 +109,10 @@ int train_pipeline(const Options& o)
     if (!balanced)
       for (int i = 1; i < P::num_stages; ++i) std::cout << fmt::format("  stage {}: text layers [{}, {})\n", i, plan.text_range(i).first, plan.text_range(i).second);
     std::cout << "  costs from the config (FLOPs): " << describe(plan) << "\n";
+    if (!speeds.per_slot.empty()) std::cout << "  devices' speeds " << speeds_text(speeds.per_slot) << ": " << speeds.source << "\n";
+    if (!speeds.scale_source.empty())
+      std::cout << fmt::format("  encoder's time per FLOP {:.2f}x (forward), {:.2f}x (backward) the decoder's: {}\n", speeds.scale.vision_forward,
+                               speeds.scale.vision_backward, speeds.scale_source);
     std::cout << fmt::format("  vision: {}; optimizer {}; precision {}; activation checkpointing {}; global batch {} = {} micro-batches x {} samples x {} replicas\n",
                              o.train_vision() ? fmt::format("trained at {} x the rate", o.vision_lr_scale) : "frozen", o.optimizer, o.precision, o.checkpoint ? "stages" : o.checkpoint_blocks ? "blocks" : "off",
                              o.microbatches() * o.microbatch_size * world.replicas, o.microbatches(), o.microbatch_size, world.replicas);
@@ -224,6 +241,20 @@ int train_pipeline(const Options& o)
     export_model(save + "/model");
     if (lead) std::cout << fmt::format("saved {}/checkpoint/step-{:08} and {}/model at step {}\n", save, trainer.steps_done(), save, trainer.steps_done());
   };
+  std::optional<mpx::SpeedWatch> watch;  // --rebalance: each slot's compute against the plan (speeds.hpp)
+  if (o.rebalance != "off") watch.emplace(watch_of(plan, speeds));
+  // a device confirmed behind on `step`: named; under --rebalance on, true when the run should start again on a new cut
+  auto behind = [&](long step) {
+    report_straggler(*watch, world, step);
+    if (o.rebalance != "on" || step + 1 == total) return false;
+    const Replan r = replan_of(o, c, plan, *watch);
+    if (lead) std::cout << r.text << std::flush;
+    if (!r.worth) return false;
+    checkpoint();
+    if (lead) write_speeds_file(o, r.measured, trainer.steps_done(), watch->describe());
+    store_barrier(world, "replan", wo.timeout);
+    return true;
+  };
   for (long step = start; step < total; ++step) {
     auto idx = step_indices(data.train->size(), step, o.microbatches(), o.microbatch_size, world.replicas, world.replica, o.seed);
     auto mbs = make_microbatches(*data.train, idx, tok, c);
@@ -239,6 +270,7 @@ int train_pipeline(const Options& o)
     mem.step_returned();
     mbs = {};
     mem.batch_dropped();
+    if (watch && watch->observe(mpx::slot_seconds(world, st.compute_seconds)) && behind(step)) return mpx::replan_exit_status;
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < total) checkpoint();
   }
   if (o.memory_report) std::cout << report_memory<P>(trainer, mem, env.rank, o.optimizer == "adamw8bit", o.shard == 3) << std::flush;

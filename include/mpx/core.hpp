@@ -20,6 +20,7 @@
 #include <mpx/run_proof.hpp>    // mpx::prove of a RunTable
 #include <mpx/runs.hpp>         // mpx::RunTable, mpx::to_table
 #include <mpx/shape.hpp>        // mpx::Dims, mpx::any, mpx::DeclaresShape
+#include <mpx/speed_watch.hpp>  // mpx::SpeedWatch
 #include <mpx/schedule.hpp>     // mpx::GPipe, mpx::OneFOneB, mpx::Interleaved1F1B, mpx::ZBH1
 #include <mpx/stage.hpp>        // mpx::Stage
 #include <mpx/tensor.hpp>       // mpx::TensorLike

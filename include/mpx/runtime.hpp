@@ -17,4 +17,5 @@
 #include <mpx/runtime/sampler.hpp>                // mpx::DistributedSampler
 #include <mpx/runtime/trainer.hpp>                // mpx::Trainer (and every room it composes: options, stage set, executor, ...)
 #include <mpx/runtime/wire.hpp>                   // mpx::send_tensors, mpx::post_recv, mpx::finish_recv
+#include <mpx/runtime/world/speeds.hpp>           // mpx::probe_speed, mpx::exchange_speeds, mpx::slot_seconds
 #include <mpx/runtime/world/world.hpp>            // mpx::World, mpx::make_world

@@ -8,6 +8,10 @@
 #   balanced: --plan shows where layouts 2, 2b, 4 and 4b put the pieces; the balanced layouts (the encoder's
 #             tail and text layers on one stage; the frozen encoder over forward-only stages) match one process,
 #             and a 4b checkpoint resumes in layouts 2, 1 and 2b with the uninterrupted losses
+#   rebalance: layout 2b cut for declared (1,0.5 and 0.5,1) and probed device speeds matches the equal cut's
+#             losses, the slower device holding fewer pieces; a run whose rank 0 is held to 0.3 of a core mid-run
+#             (scripts/slow_rank.py) names it, saves, restarts on a cut for the measured speeds and ends with the
+#             uninterrupted run's losses
 #   dp:       2 replicas x 2 stages match one process computing the same global batch
 #   shard:    ZeRO-2 and -3 over 2 replicas x 2 stages (and over a tensor-parallel stage) match one
 #             process; their checkpoints resume unsharded and the other way round; ZeRO-3's memory
@@ -239,6 +243,50 @@ PY
     "$train" "${small[@]}" --layout 4b --steps 6 --metrics "$work/trained4b.jsonl" > "$work/trained4b.log"
     grep -q "layout 4b: slot 0: vision \[0, 3) [0-9.]* GFLOP | slot 1: vision \[3, 4) + text \[0, 1) " "$work/trained4b.log"
     compare "$work/trained.jsonl" "$work/trained4b.jsonl"
+    ;;
+  rebalance)
+    # devices of different speeds: layout 2b cut for declared speeds (the slower device's slot holds fewer pieces)
+    # and for probed ones matches the equal cut's losses (a cut moves work, not arithmetic); a run whose rank 0 is
+    # held to 0.3 of a core from its 4th step (scripts/slow_rank.py: SIGSTOP/SIGCONT) names rank 0, saves,
+    # every rank exits 75 and the launcher starts them again on a cut for the measured speeds, which resumes by
+    # itself and ends with the uninterrupted run's losses within 1e-5
+    run=("${small[@]}" --layout 2b --steps 14)
+    "$train" "${run[@]}" --metrics "$work/equal.jsonl" > "$work/equal.log"
+    cut() { sed -n 's/.*costs from the config (FLOPs): layout 2b: slot 0: \([^|]*\) [0-9.]* GFLOP |.*/\1/p' "$1"; }
+    for sp in 1,0.5 0.5,1; do
+      "$train" "${run[@]}" --device-speeds $sp --metrics "$work/s$sp.jsonl" > "$work/s$sp.log"
+      grep -q "devices' speeds ${sp/,/, }: declared" "$work/s$sp.log" || { cat "$work/s$sp.log"; exit 1; }
+      echo "speeds $sp: slot 0 holds $(cut "$work/s$sp.log"); equal speeds: $(cut "$work/equal.log")"
+      compare "$work/equal.jsonl" "$work/s$sp.jsonl" | tail -n 1
+    done
+    python3 - "$(cut "$work/equal.log")" "$(cut "$work/s1,0.5.log")" "$(cut "$work/s0.5,1.log")" <<'PY'
+import re, sys
+def pieces(s):  # "vision [0, 4) + text [0, 3)" -> 7
+    return sum(int(e) - int(b) for b, e in re.findall(r"\[(\d+), (\d+)\)", s))
+equal, fast0, slow0 = map(pieces, sys.argv[1:])
+print(f"slot 0's pieces: equal speeds {equal}, slot 1 half as fast {fast0}, slot 0 half as fast {slow0}")
+sys.exit(0 if slow0 < equal < fast0 else 1)
+PY
+    "$train" "${run[@]}" --steps 2 --device-speeds probe --metrics "$work/probe.jsonl" > "$work/probe.log"
+    grep "devices' speeds .*: probed: rank 0 [0-9.]* GFLOP/s, rank 1 [0-9.]* GFLOP/s" "$work/probe.log"
+    # the slow-down mid-run, re-planned
+    "$train" "${run[@]}" --rebalance on --save "$work/rb" --max-restarts 1 --metrics "$work/rb.jsonl" > "$work/rb.log" 2>&1 &
+    job=$!
+    python3 "$(dirname "$0")/../../../scripts/slow_rank.py" $job 0 0.3 --after "$work/rb.jsonl:3" > "$work/slow.log" 2>&1 &
+    if ! wait $job; then cat "$work/rb.log" "$work/slow.log"; exit 1; fi
+    wait
+    cat "$work/slow.log"
+    grep "behind the plan\|re-planning\|restart 1 of 1\|devices' speeds\|resumed from" "$work/rb.log" || { cat "$work/rb.log"; exit 1; }
+    grep -q "the device of rank 0 (slot 0) is behind the plan: slot 0 computes at 0\.[0-9]*x" "$work/rb.log"
+    grep -q "exited with status 75: it saved a checkpoint and asks to start again on a new plan" "$work/rb.log"
+    grep -q "devices' speeds 0\.[0-9]*, 1: measured by the run at step" "$work/rb.log"
+    compare "$work/equal.jsonl" "$work/rb.jsonl" | tail -n 1
+    python3 - "$work/rb.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print("step seconds as recorded (steps 0-2 at full speed, then rank 0 held; the re-planned cut after the restart):",
+      " ".join(f"{r['step']}:{r['seconds']:.3f}" for r in rows))
+PY
     ;;
   dp)
     "$train" "${small[@]}" --layout 1 --emulate-replicas 2 --steps 6 --metrics "$work/single.jsonl"
@@ -520,6 +568,10 @@ PY
     cmp "$work/ok/checkpoint/step-00000001/manifest.json" "$work/corrupt/checkpoint/step-00000001/manifest.json"  # a failed resume writes nothing
     expect "use --layout 2, 4 or 2x2" "$train" "${small[@]}" --layout 1 --steps 1 --max-restarts 1
     expect "cuts the vision stage of layout 2 or 2x2" "$train" "${small[@]}" --layout 4 --vision-tp 2 --steps 1
+    expect "layout 2b has 2 devices (pipeline slots): give 2" "$train" "${small[@]}" --layout 2b --device-speeds 1,1,1 --steps 1
+    expect "'x' is not a positive number" "$train" "${small[@]}" --layout 2b --device-speeds 1,x --steps 1
+    expect "use --layout 2b or 4b, or --rebalance report" "$train" "${small[@]}" --layout 2 --rebalance on --steps 1
+    expect "give --max-restarts 1 or more" "$train" "${small[@]}" --layout 2b --rebalance on --save "$work/rb" --steps 1
     # two ranks started with a different setting (seed, micro-batch size, config): both stop before step 1,
     # naming the setting and both values
     mismatch() {  # <setting> <rank 0's value> <rank 1's value> <the values as the message shows them, rank 0 then 1>

@@ -56,6 +56,18 @@ TEST_CASE("One failing rank ends the others, mpxrun exits with its status", "[la
   CHECK(out.find("rank 1 exited with status 7") != std::string::npos);
 }
 
+TEST_CASE("Ranks that exit asking for a new plan are started again, the restart's cause saying so", "[launch]")
+{
+  auto [code, out] = sh(mpxrun + " --nproc-per-node 2 --max-restarts 1 sh -c 'if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exit " +
+                        std::to_string(mpx::replan_exit_status) + "; fi; echo again'");
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(out.find("restart 1 of 1 (rank ") != std::string::npos);
+  CHECK(out.find("exited with status 75: it saved a checkpoint and asks to start again on a new plan)") != std::string::npos);
+  CHECK(out.find("[rank 0] again") != std::string::npos);
+  CHECK(out.find("[rank 1] again") != std::string::npos);
+}
+
 TEST_CASE("SIGTERM to mpxrun reaches every rank", "[launch]")
 {
   // each rank traps TERM and reports it; mpxrun is terminated after the ranks started

@@ -19,6 +19,10 @@
 namespace mpx
 {
 
+/// The exit status of a rank that saved a checkpoint and asks to be started again on a new plan (a straggler's
+/// re-plan, speed_watch.hpp): a launcher with restarts left (`max_restarts`) starts every rank again.
+inline constexpr int replan_exit_status = 75;
+
 /// What `launch` starts.
 struct LaunchOptions
 {
@@ -150,7 +154,8 @@ inline attempt_result run_attempt(const LaunchOptions& o, const std::vector<std:
       if (s.running && s.stopped != clock::time_point{})
         stopped += "; rank " + std::to_string(s.rank) + " was stopped (SIGSTOP or SIGTSTP)" + fmt_seconds(s.stopped - started) +
                    " and never continued, so its peers could not go on";
-    out.cause = "rank " + std::to_string(k.rank) + " " + status_text(k.status);
+    out.cause = "rank " + std::to_string(k.rank) + " " + status_text(k.status) +
+                (exit_code(k.status) == replan_exit_status ? ": it saved a checkpoint and asks to start again on a new plan" : "");
     std::string msg = "mpx::launch: " + out.cause + fmt_seconds(clock::now() - started) + ", the first rank to fail" + stopped + "\n";
     out.cause += stopped.empty() ? "" : " (" + stopped.substr(2) + ")";
     if (!k.tail.empty()) {

@@ -233,7 +233,7 @@ MPX_DECL World make_world(const Env& env, const WorldOptions& opt, const WorldSh
 {
   if (opt.keep_host_memory && env.keep_host_memory) keep_host_memory();
   World w = place_on_mesh(env, opt, shape);
-  w.store = make_store(env, opt.timeout);
+  w.store = opt.store ? opt.store : make_store(env, opt.timeout);
   const GlooEndpoint host = gloo_endpoint(env);
   check_reachable(*w.store, host, env, opt.timeout);
   w.world = make_gloo(w.store, "mpx/world/", env.rank, env.world_size, opt.timeout, host, env.rank);

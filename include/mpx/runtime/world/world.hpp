@@ -45,6 +45,9 @@ struct WorldOptions
   bool allow_cpu = false;  ///< run GPU<i> stages on CPU when there is no CUDA (the examples opt in)
   RunSettings settings;  ///< the program's run settings (config, seed, data...): every rank must start with the same (run_settings.hpp)
   bool keep_host_memory = true;  ///< mpx::keep_host_memory(): large CPU tensors from a cache, no page faults each step (torch/host_memory.hpp)
+  /// A store this rank already joined (`make_store`: e.g. to exchange measured speeds before choosing the pipeline
+  /// type, speeds.hpp); null: the world makes its own.
+  c10::intrusive_ptr<c10d::Store> store;
 };
 
 /// The groups of one run (see the file comment).
