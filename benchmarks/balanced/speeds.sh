@@ -9,7 +9,7 @@
 # The speed-aware cuts are compared with "equal": the same cost model, the speeds the only difference.
 # Reports each contender's median step (steps after the first of each run), the ratio to the equal cut's, the cut
 # and the predicted step; writes benchmarks/results/balanced_speeds_<host>_<date>.md. Usage:
-#   [CONTENDERS="flops equal declared probe"] benchmarks/balanced/speeds.sh [build-dir] [rounds] [steps] [config] [slow-rank] [fraction] [method]
+#   [CONTENDERS="flops equal declared probe"] [FREEZE=on|off] benchmarks/balanced/speeds.sh [build-dir] [rounds] [steps] [config] [slow-rank] [fraction] [method]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build} rounds=${2:-3} steps=${3:-4} config=${4:-medium} slow=${5:-1} fraction=${6:-0.5} method=${7:-cgroup}
@@ -19,10 +19,10 @@ out=$(mktemp -d)
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 source benchmarks/results_file.sh
 declared=$([ "$slow" = 0 ] && echo "$fraction,1" || echo "1,$fraction")
-common=(--config "$config" --layout 2b --schedule 1f1b --freeze-vision on --microbatch-size 1 --eval-samples 0 --quiet --warmup 0 --timeout 600)
+common=(--config "$config" --layout 2b --schedule 1f1b --freeze-vision "${FREEZE:-on}" --microbatch-size 1 --eval-samples 0 --quiet --warmup 0 --timeout 600)
 {
 describe_machine
-echo "config $config, layout 2b, --freeze-vision on, 1F1B, $steps steps per run (the first dropped), micro-batch 1 x 4, $rounds alternating rounds;"
+echo "config $config, layout 2b, --freeze-vision ${FREEZE:-on}, 1F1B, $steps steps per run (the first dropped), micro-batch 1 x 4, $rounds alternating rounds;"
 echo "rank $slow held to $fraction of a core ($method) for the whole run; declared speeds $declared"
 for r in $(seq 1 "$rounds"); do
   for who in ${CONTENDERS:-flops equal declared probe}; do
