@@ -12,9 +12,9 @@
 
 #include <torch/torch.h>
 
-#include <algorithm>  // std::nth_element, std::max
-#include <chrono>     // std::chrono
-#include <utility>    // std::pair
+#include <mpx/runtime/profile.hpp>  // mpx::measure_layer_costs
+
+#include <algorithm>  // std::max
 #include <vector>     // std::vector
 
 namespace moondream
@@ -22,36 +22,17 @@ namespace moondream
 
 /// The encoder's time per FLOP against the decoder's on this rank (`--costs measured`): an encoder block (forward,
 /// and backward when the encoder trains) and a decoder layer after the first (forward and backward: the unit the
-/// decoder's pieces are counted in) timed on micro-batch `mb`, each repeated for about `budget` (at least 3 times) after
-/// one untimed run; the median run counts.
-inline CostScale measure_scale(const Config& c, const Batch& mb, bool train_vision, std::chrono::milliseconds budget = std::chrono::milliseconds(500),
-                               double* decoder_seconds_per_flop = nullptr)
+/// decoder's pieces are counted in) timed on micro-batch `mb` by `mpx::measure_layer_costs` (one untimed round, the
+/// median of `rounds`). `decoder_seconds_per_flop`: the decoder layer's pace, to tell the fastest rank.
+inline CostScale measure_scale(const Config& c, const Batch& mb, bool train_vision, int rounds = 3, double* decoder_seconds_per_flop = nullptr)
 {
   const int V = c.vision.enc_n_layers, n = c.text.n_layers;
   if (n < 2) throw mpx::config_error("moondream_train: --costs measured times a decoder layer after the first; this config has one: use --costs flops");
   const int pv = V > 1 ? 1 : 0, pt = V + 1;
   const auto flops = piece_costs(c, workload_of({mb}));
-  using clock = std::chrono::steady_clock;
-  auto seconds = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-  auto median = [](std::vector<double> v) {
-    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
-    return v[v.size() / 2];
-  };
-  auto time = [&](VisionText& piece, const torch::Tensor& x, bool backward) {  // the median run: another process's burst moves it least
-    std::vector<double> f, b;
-    const auto t0 = clock::now();
-    for (int i = -1;; ++i) {  // i = -1: untimed (allocations, lazy initialisation)
-      const auto in = x.detach().requires_grad_(backward);
-      const auto s = clock::now();
-      const auto out = piece->forward(in, mb);
-      const auto m = clock::now();
-      if (backward) out.backward(torch::ones_like(out));
-      const auto e = clock::now();
-      if (i < 0) continue;
-      f.push_back(seconds(s, m)), b.push_back(seconds(m, e));
-      if (f.size() >= 3 && seconds(t0, e) * 1000 > double(budget.count())) break;
-    }
-    return std::pair{median(f), median(b)};
+  const mpx::ProfileOptions profile{1, rounds};
+  auto time = [&](VisionText& piece, const torch::Tensor& x) {
+    return mpx::measure_layer_costs({[&](const torch::Tensor& in) { return piece->forward(in, mb); }}, x, profile).front();
   };
   // the same weights on every rank and in every run (a measurement must not depend on a draw), the run's generator
   // left as it was (the model's initialisation draws from it after this)
@@ -74,8 +55,8 @@ inline CostScale measure_scale(const Config& c, const Batch& mb, bool train_visi
   if (!train_vision)
     for (auto& p : vision->parameters()) p.requires_grad_(false);
   const auto hidden = torch::randn({mb.tokens.size(0), c.prefix() + mb.tokens.size(1), c.text.dim});
-  const auto [vf, vb] = time(vision, xv, train_vision);
-  const auto [tf, tb] = time(text, hidden, true);
+  const mpx::LayerCost v = time(vision, xv.detach().requires_grad_(train_vision)), t = time(text, hidden.requires_grad_(true));
+  const double vf = double(v.forward) * 1e-9, vb = double(v.backward) * 1e-9, tf = double(t.forward) * 1e-9, tb = double(t.backward) * 1e-9;
   auto per_flop = [](double s, std::int64_t f) { return s / double(std::max<std::int64_t>(f, 1)); };
   const double decoder = per_flop(tf + tb, flops[std::size_t(pt)].forward + flops[std::size_t(pt)].backward);
   if (decoder_seconds_per_flop) *decoder_seconds_per_flop = decoder;

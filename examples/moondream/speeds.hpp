@@ -170,7 +170,7 @@ inline Speeds resolve_speeds(const Options& o, const mpx::Env& env, c10d::Store&
   Speeds s = device_speeds(o, env, store, slot_of, slots, resuming);
   if (o.costs != "measured" || !s.scale_source.empty()) return s;
   double per_flop = 0;
-  const CostScale mine = measure_scale(c, mb, o.train_vision(), std::chrono::milliseconds(500), &per_flop);
+  const CostScale mine = measure_scale(c, mb, o.train_vision(), 3, &per_flop);
   const auto timeout = std::chrono::milliseconds(long(o.timeout_s) * 1000);
   const auto forward = mpx::exchange_speeds(store, env.rank, env.world_size, mine.vision_forward, timeout, "vision-forward");
   const auto backward = mpx::exchange_speeds(store, env.rank, env.world_size, mine.vision_backward, timeout, "vision-backward");
